@@ -1,0 +1,6 @@
+//! Wire types for ironhorn's gRPC services, generated from `proto/*.proto`.
+//! Nothing but generated code lives here.
+
+pub mod replica {
+    tonic::include_proto!("ironhorn.replica.v1");
+}

@@ -1,0 +1,98 @@
+//! ironhorn replica: one copy of one volume, kept in a block store on an LVM
+//! logical volume or a file, served over gRPC.
+
+pub mod device;
+pub mod format;
+pub mod io;
+pub mod lvm;
+pub mod server;
+pub mod store;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use device::{Device, StoreLocation};
+use store::{Store, StoreConfig};
+
+/// Parses sizes such as `1GiB`, `512MiB`, `4096`, `10G` (binary units).
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, unit) = t.split_at(split);
+    let value: u64 = digits.parse().map_err(|_| format!("size {text:?}: expected a number with an optional unit"))?;
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        other => return Err(format!("size {text:?}: unknown unit {other:?}")),
+    };
+    value.checked_mul(1u64 << shift).ok_or_else(|| format!("size {text:?} is too large"))
+}
+
+pub struct ServeConfig {
+    pub store: StoreConfig,
+    pub listen: SocketAddr,
+}
+
+/// Opens (or creates) the store and serves it until SIGTERM or SIGINT, then
+/// closes it cleanly.
+pub async fn serve(config: ServeConfig) -> Result<(), String> {
+    let store = Store::open(&config.store).await.map_err(|e| format!("{}: {e}", config.store.location))?;
+    let store = Arc::new(store);
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|e| format!("listen on {}: {e}", config.listen))?;
+    let local = listener.local_addr().map_err(|e| e.to_string())?;
+    let info = store.info();
+    tracing::info!(
+        address = %local,
+        store = %info.location,
+        size_bytes = info.size_bytes,
+        revision = info.revision,
+        clean_at_open = info.clean_at_open,
+        "replica serving"
+    );
+    // Tests and supervisors read this line to learn the bound address.
+    println!("listening on {local}");
+    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    let shutdown = async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+        tracing::info!("shutting down");
+    };
+    tonic::transport::Server::builder()
+        .add_service(server::ReplicaService::new(store.clone()))
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await
+        .map_err(|e| format!("gRPC server: {e}"))?;
+    store.close().await.map_err(|e| format!("close store: {e}"))?;
+    tracing::info!("store closed cleanly");
+    Ok(())
+}
+
+/// Removes a store: deletes the file, or removes the LV.
+pub fn delete(location: &StoreLocation) -> Result<(), String> {
+    Device::destroy(location).map_err(|e| format!("delete {location}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_sizes() {
+        assert_eq!(parse_size("1GiB"), Ok(1 << 30));
+        assert_eq!(parse_size("512MiB"), Ok(512 << 20));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("10G"), Ok(10 << 30));
+        assert!(parse_size("").is_err());
+        assert!(parse_size("1XB").is_err());
+        assert!(parse_size("-1").is_err());
+        assert!(parse_size("99999999999TiB").is_err());
+    }
+}

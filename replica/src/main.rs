@@ -1,0 +1,69 @@
+//! `ironhorn-replica`: serve or delete one replica store.
+
+use clap::{Parser, Subcommand};
+use ironhorn_replica::device::StoreLocation;
+use ironhorn_replica::io::BackendKind;
+use ironhorn_replica::store::StoreConfig;
+use ironhorn_replica::{ServeConfig, parse_size};
+
+#[derive(Parser)]
+#[command(name = "ironhorn-replica", about = "One replica of one ironhorn volume")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Open the store (creating it if missing) and serve it over gRPC.
+    Serve {
+        /// file:PATH or lvm:VG/LV
+        #[arg(long)]
+        store: StoreLocation,
+        /// Volume size, e.g. 1GiB. Must match an existing store.
+        #[arg(long, value_parser = parse_size)]
+        size: u64,
+        /// Address for the gRPC server (port 0 picks one; it is printed).
+        #[arg(long, default_value = "127.0.0.1:9500")]
+        listen: std::net::SocketAddr,
+        /// Physical size of a new store (default: size × 1.25 + metadata).
+        #[arg(long, value_parser = parse_size)]
+        capacity: Option<u64>,
+        /// I/O backend: uring (io_uring, O_DIRECT) or pread.
+        #[arg(long, default_value = "uring")]
+        io: BackendKind,
+    },
+    /// Delete a store: remove the file or the LV.
+    Delete {
+        #[arg(long)]
+        store: StoreLocation,
+    },
+}
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Serve { store, size, listen, capacity, io } => {
+            let mut config = StoreConfig::new(store, size);
+            config.capacity_bytes = capacity;
+            config.backend = io;
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .expect("tokio runtime");
+            runtime.block_on(ironhorn_replica::serve(ServeConfig { store: config, listen }))
+        }
+        Command::Delete { store } => ironhorn_replica::delete(&store),
+    };
+    if let Err(e) = result {
+        eprintln!("ironhorn-replica: {e}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,245 @@
+//! The replica's gRPC surface: an adapter from `ironhorn.replica.v1` to
+//! [`Store`]. Store errors map to gRPC codes in exactly one place
+//! ([`status`] / [`io_status`]); a bad request is answered with an error and
+//! the replica keeps serving.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use ironhorn_proto::replica::replica_server::{Replica, ReplicaServer};
+use ironhorn_proto::replica::*;
+use tokio::sync::{Semaphore, mpsc};
+use tokio_stream::Stream;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::format::BLOCK_SIZE;
+use crate::store::{SnapshotInfo, Store, StoreError, StoreInfo};
+
+/// Largest single request or response message, data included.
+pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
+/// Requests of one stream being worked on at once; more wait in the stream.
+const IN_FLIGHT_PER_STREAM: usize = 256;
+
+pub struct ReplicaService {
+    store: Arc<Store>,
+}
+
+impl ReplicaService {
+    pub fn new(store: Arc<Store>) -> ReplicaServer<Self> {
+        ReplicaServer::new(Self { store })
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES)
+    }
+}
+
+fn status(e: StoreError) -> Status {
+    let msg = e.to_string();
+    match e {
+        StoreError::InvalidArgument(_) | StoreError::SizeMismatch { .. } => Status::invalid_argument(msg),
+        StoreError::NotFound(_) => Status::not_found(msg),
+        StoreError::AlreadyExists(_) => Status::already_exists(msg),
+        StoreError::Fenced { .. } => Status::failed_precondition(msg),
+        StoreError::OutOfSpace { .. } => Status::resource_exhausted(msg),
+        StoreError::Checksum { .. } | StoreError::Io { .. } | StoreError::Corrupt(_) => Status::data_loss(msg),
+        StoreError::Failed(_) | StoreError::NotAStore(_) => Status::unavailable(msg),
+    }
+}
+
+fn io_status(e: &StoreError) -> IoStatus {
+    match e {
+        StoreError::InvalidArgument(_) | StoreError::SizeMismatch { .. } | StoreError::NotFound(_) | StoreError::AlreadyExists(_) => {
+            IoStatus::InvalidArgument
+        }
+        StoreError::Fenced { .. } => IoStatus::Fenced,
+        StoreError::OutOfSpace { .. } => IoStatus::OutOfSpace,
+        StoreError::Checksum { .. } | StoreError::Io { .. } | StoreError::Corrupt(_) => IoStatus::IoError,
+        StoreError::Failed(_) | StoreError::NotAStore(_) => IoStatus::Unavailable,
+    }
+}
+
+fn info_response(info: StoreInfo) -> InfoResponse {
+    InfoResponse {
+        size_bytes: info.size_bytes,
+        block_size: BLOCK_SIZE as u32,
+        revision_counter: info.revision,
+        highest_epoch: info.highest_epoch,
+        clean_at_open: info.clean_at_open,
+        format_version: crate::format::FORMAT_VERSION,
+        capacity_bytes: info.capacity_bytes,
+        used_bytes: info.used_bytes,
+        layer_count: info.layer_count,
+        store: info.location,
+    }
+}
+
+fn snapshot_message(s: SnapshotInfo) -> Snapshot {
+    Snapshot {
+        name: s.name,
+        created_unix_ms: s.created_unix_ms,
+        allocated_bytes: s.allocated_bytes,
+        size_bytes: s.size_bytes,
+    }
+}
+
+/// Runs one data request against the store.
+pub async fn execute(store: &Store, req: IoRequest) -> IoResponse {
+    let id = req.id;
+    let outcome: Result<Bytes, StoreError> = match IoOp::try_from(req.op) {
+        Ok(IoOp::Read) => store
+            .read(req.epoch, req.offset, req.length)
+            .await
+            .map(Bytes::from_owner),
+        Ok(IoOp::Write) => {
+            if req.length != 0 && req.length != req.data.len() as u64 {
+                Err(StoreError::InvalidArgument(format!(
+                    "write length {} does not match {} data bytes",
+                    req.length,
+                    req.data.len()
+                )))
+            } else {
+                store.write(req.epoch, req.offset, &req.data, req.fua).await.map(|()| Bytes::new())
+            }
+        }
+        Ok(IoOp::Flush) => match store.check_epoch(req.epoch).await {
+            Ok(()) => store.flush().await.map(|()| Bytes::new()),
+            Err(e) => Err(e),
+        },
+        Ok(IoOp::Trim) | Ok(IoOp::WriteZeroes) => {
+            let result = store.trim(req.epoch, req.offset, req.length).await;
+            match result {
+                Ok(()) if req.fua => store.flush().await.map(|()| Bytes::new()),
+                other => other.map(|()| Bytes::new()),
+            }
+        }
+        Ok(IoOp::Unspecified) | Err(_) => Err(StoreError::InvalidArgument(format!("unknown I/O op {}", req.op))),
+    };
+    match outcome {
+        Ok(data) => IoResponse { id, status: IoStatus::Ok as i32, message: String::new(), data },
+        Err(e) => {
+            tracing::debug!(id, error = %e, "I/O request failed");
+            IoResponse { id, status: io_status(&e) as i32, message: e.to_string(), data: Bytes::new() }
+        }
+    }
+}
+
+type IoStream = Pin<Box<dyn Stream<Item = Result<IoResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Replica for ReplicaService {
+    type IoStream = IoStream;
+
+    async fn io(&self, request: Request<Streaming<IoRequest>>) -> Result<Response<IoStream>, Status> {
+        let mut incoming = request.into_inner();
+        let (tx, rx) = mpsc::channel::<Result<IoResponse, Status>>(IN_FLIGHT_PER_STREAM);
+        let store = self.store.clone();
+        tokio::spawn(async move {
+            let limit = Arc::new(Semaphore::new(IN_FLIGHT_PER_STREAM));
+            loop {
+                let next = incoming.message().await;
+                let req = match next {
+                    Ok(Some(req)) => req,
+                    Ok(None) => break,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "I/O stream ended");
+                        break;
+                    }
+                };
+                let Ok(permit) = limit.clone().acquire_owned().await else { break };
+                let store = store.clone();
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    let response = execute(&store, req).await;
+                    let _ = tx.send(Ok(response)).await;
+                    drop(permit);
+                });
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn info(&self, _: Request<InfoRequest>) -> Result<Response<InfoResponse>, Status> {
+        Ok(Response::new(info_response(self.store.info())))
+    }
+
+    async fn set_epoch(&self, request: Request<SetEpochRequest>) -> Result<Response<InfoResponse>, Status> {
+        self.store.check_epoch(request.into_inner().epoch).await.map_err(status)?;
+        Ok(Response::new(info_response(self.store.info())))
+    }
+
+    async fn snapshot_create(&self, request: Request<SnapshotCreateRequest>) -> Result<Response<Snapshot>, Status> {
+        let req = request.into_inner();
+        let snap = self.store.snapshot_create(req.epoch, &req.name).await.map_err(status)?;
+        Ok(Response::new(snapshot_message(snap)))
+    }
+
+    async fn snapshot_list(&self, _: Request<SnapshotListRequest>) -> Result<Response<SnapshotListResponse>, Status> {
+        Ok(Response::new(self.list()))
+    }
+
+    async fn snapshot_delete(&self, request: Request<SnapshotDeleteRequest>) -> Result<Response<SnapshotListResponse>, Status> {
+        let req = request.into_inner();
+        self.store.snapshot_delete(req.epoch, &req.name).await.map_err(status)?;
+        Ok(Response::new(self.list()))
+    }
+
+    async fn snapshot_revert(&self, request: Request<SnapshotRevertRequest>) -> Result<Response<SnapshotListResponse>, Status> {
+        let req = request.into_inner();
+        self.store.snapshot_revert(req.epoch, &req.name).await.map_err(status)?;
+        Ok(Response::new(self.list()))
+    }
+
+    async fn expand(&self, request: Request<ExpandRequest>) -> Result<Response<InfoResponse>, Status> {
+        let req = request.into_inner();
+        self.store.expand(req.epoch, req.size_bytes).await.map_err(status)?;
+        Ok(Response::new(info_response(self.store.info())))
+    }
+
+    async fn extents(&self, request: Request<ExtentsRequest>) -> Result<Response<ExtentsResponse>, Status> {
+        let extents = self.store.extents(&request.into_inner().layer).map_err(status)?;
+        Ok(Response::new(ExtentsResponse {
+            extents: extents
+                .into_iter()
+                .map(|e| Extent { offset: e.offset, length: e.length, zero: e.zero })
+                .collect(),
+        }))
+    }
+
+    async fn checksums(&self, request: Request<ChecksumsRequest>) -> Result<Response<ChecksumsResponse>, Status> {
+        let r = request.into_inner();
+        let crc32 = self
+            .store
+            .checksums(&r.layer, r.merged, r.offset, r.length, r.chunk_size)
+            .map_err(status)?;
+        Ok(Response::new(ChecksumsResponse { crc32 }))
+    }
+
+    async fn read_layer(&self, request: Request<ReadLayerRequest>) -> Result<Response<ReadLayerResponse>, Status> {
+        let r = request.into_inner();
+        if r.length > MAX_MESSAGE_BYTES as u64 / 2 {
+            return Err(Status::invalid_argument(format!("read of {} bytes is larger than one message", r.length)));
+        }
+        let (data, states) = self.store.read_layer(&r.layer, r.offset, r.length).await.map_err(status)?;
+        Ok(Response::new(ReadLayerResponse {
+            data: Bytes::from_owner(data),
+            block_state: states.into_iter().map(|s| s as u8).collect::<Vec<u8>>().into(),
+        }))
+    }
+
+    async fn write_layer(&self, request: Request<WriteLayerRequest>) -> Result<Response<WriteLayerResponse>, Status> {
+        let r = request.into_inner();
+        if r.zero {
+            self.store.zero_layer(r.epoch, &r.layer, r.offset, r.length).await.map_err(status)?;
+        } else {
+            self.store.write_layer(r.epoch, &r.layer, r.offset, &r.data).await.map_err(status)?;
+        }
+        Ok(Response::new(WriteLayerResponse {}))
+    }
+}
+
+impl ReplicaService {
+    fn list(&self) -> SnapshotListResponse {
+        SnapshotListResponse { snapshots: self.store.snapshot_list().into_iter().map(snapshot_message).collect() }
+    }
+}
