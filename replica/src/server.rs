@@ -15,7 +15,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::format::BLOCK_SIZE;
-use crate::store::{SnapshotInfo, Store, StoreError, StoreInfo};
+use crate::store::{SnapshotInfo, StartedWrite, Store, StoreError, StoreInfo};
 
 /// Largest single request or response message, data included.
 pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
@@ -37,24 +37,31 @@ impl ReplicaService {
 fn status(e: StoreError) -> Status {
     let msg = e.to_string();
     match e {
-        StoreError::InvalidArgument(_) | StoreError::SizeMismatch { .. } => Status::invalid_argument(msg),
+        StoreError::InvalidArgument(_) | StoreError::SizeMismatch { .. } => {
+            Status::invalid_argument(msg)
+        }
         StoreError::NotFound(_) => Status::not_found(msg),
         StoreError::AlreadyExists(_) => Status::already_exists(msg),
         StoreError::Fenced { .. } => Status::failed_precondition(msg),
         StoreError::OutOfSpace { .. } => Status::resource_exhausted(msg),
-        StoreError::Checksum { .. } | StoreError::Io { .. } | StoreError::Corrupt(_) => Status::data_loss(msg),
+        StoreError::Checksum { .. } | StoreError::Io { .. } | StoreError::Corrupt(_) => {
+            Status::data_loss(msg)
+        }
         StoreError::Failed(_) | StoreError::NotAStore(_) => Status::unavailable(msg),
     }
 }
 
 fn io_status(e: &StoreError) -> IoStatus {
     match e {
-        StoreError::InvalidArgument(_) | StoreError::SizeMismatch { .. } | StoreError::NotFound(_) | StoreError::AlreadyExists(_) => {
-            IoStatus::InvalidArgument
-        }
+        StoreError::InvalidArgument(_)
+        | StoreError::SizeMismatch { .. }
+        | StoreError::NotFound(_)
+        | StoreError::AlreadyExists(_) => IoStatus::InvalidArgument,
         StoreError::Fenced { .. } => IoStatus::Fenced,
         StoreError::OutOfSpace { .. } => IoStatus::OutOfSpace,
-        StoreError::Checksum { .. } | StoreError::Io { .. } | StoreError::Corrupt(_) => IoStatus::IoError,
+        StoreError::Checksum { .. } | StoreError::Io { .. } | StoreError::Corrupt(_) => {
+            IoStatus::IoError
+        }
         StoreError::Failed(_) | StoreError::NotAStore(_) => IoStatus::Unavailable,
     }
 }
@@ -83,45 +90,107 @@ fn snapshot_message(s: SnapshotInfo) -> Snapshot {
     }
 }
 
-/// Runs one data request against the store.
-pub async fn execute(store: &Store, req: IoRequest) -> IoResponse {
+fn respond(id: u64, outcome: Result<Bytes, StoreError>) -> IoResponse {
+    match outcome {
+        Ok(data) => IoResponse {
+            id,
+            status: IoStatus::Ok as i32,
+            message: String::new(),
+            data,
+        },
+        Err(e) => {
+            tracing::debug!(id, error = %e, "I/O request failed");
+            IoResponse {
+                id,
+                status: io_status(&e) as i32,
+                message: e.to_string(),
+                data: Bytes::new(),
+            }
+        }
+    }
+}
+
+/// The part of a data request that must run in stream order. Writes are
+/// placed in the write order and trims applied here, so overlapping requests
+/// resolve the same way on every replica that sees the same stream.
+enum Ordered {
+    Done(IoResponse),
+    Write(IoRequest, StartedWrite),
+    Other(IoRequest),
+}
+
+async fn order(store: &Store, req: IoRequest) -> Ordered {
     let id = req.id;
-    let outcome: Result<Bytes, StoreError> = match IoOp::try_from(req.op) {
-        Ok(IoOp::Read) => store
-            .read(req.epoch, req.offset, req.length)
-            .await
-            .map(Bytes::from_owner),
+    match IoOp::try_from(req.op) {
         Ok(IoOp::Write) => {
             if req.length != 0 && req.length != req.data.len() as u64 {
-                Err(StoreError::InvalidArgument(format!(
+                let e = StoreError::InvalidArgument(format!(
                     "write length {} does not match {} data bytes",
                     req.length,
                     req.data.len()
-                )))
-            } else {
-                store.write(req.epoch, req.offset, &req.data, req.fua).await.map(|()| Bytes::new())
+                ));
+                return Ordered::Done(respond(id, Err(e)));
+            }
+            match store
+                .start_write(req.epoch, "", req.offset, req.data.len() as u64)
+                .await
+            {
+                Ok(started) => Ordered::Write(req, started),
+                Err(e) => Ordered::Done(respond(id, Err(e))),
             }
         }
-        Ok(IoOp::Flush) => match store.check_epoch(req.epoch).await {
-            Ok(()) => store.flush().await.map(|()| Bytes::new()),
-            Err(e) => Err(e),
-        },
         Ok(IoOp::Trim) | Ok(IoOp::WriteZeroes) => {
-            let result = store.trim(req.epoch, req.offset, req.length).await;
-            match result {
-                Ok(()) if req.fua => store.flush().await.map(|()| Bytes::new()),
-                other => other.map(|()| Bytes::new()),
+            match store.trim(req.epoch, req.offset, req.length).await {
+                Ok(()) if req.fua => Ordered::Other(IoRequest {
+                    op: IoOp::Flush as i32,
+                    ..req
+                }),
+                outcome => Ordered::Done(respond(id, outcome.map(|()| Bytes::new()))),
             }
         }
-        Ok(IoOp::Unspecified) | Err(_) => Err(StoreError::InvalidArgument(format!("unknown I/O op {}", req.op))),
-    };
-    match outcome {
-        Ok(data) => IoResponse { id, status: IoStatus::Ok as i32, message: String::new(), data },
-        Err(e) => {
-            tracing::debug!(id, error = %e, "I/O request failed");
-            IoResponse { id, status: io_status(&e) as i32, message: e.to_string(), data: Bytes::new() }
+        Ok(IoOp::Read) | Ok(IoOp::Flush) => Ordered::Other(req),
+        Ok(IoOp::Unspecified) | Err(_) => Ordered::Done(respond(
+            id,
+            Err(StoreError::InvalidArgument(format!(
+                "unknown I/O op {}",
+                req.op
+            ))),
+        )),
+    }
+}
+
+/// The rest of a data request, run concurrently with others.
+async fn complete(store: &Store, ordered: Ordered) -> IoResponse {
+    match ordered {
+        Ordered::Done(response) => response,
+        Ordered::Write(req, started) => {
+            let mut outcome = store.finish_write(started, &req.data).await;
+            if outcome.is_ok() && req.fua {
+                outcome = store.flush().await;
+            }
+            respond(req.id, outcome.map(|()| Bytes::new()))
+        }
+        Ordered::Other(req) => {
+            let outcome = if req.op == IoOp::Read as i32 {
+                store
+                    .read(req.epoch, req.offset, req.length)
+                    .await
+                    .map(Bytes::from_owner)
+            } else {
+                match store.check_epoch(req.epoch).await {
+                    Ok(()) => store.flush().await.map(|()| Bytes::new()),
+                    Err(e) => Err(e),
+                }
+            };
+            respond(req.id, outcome)
         }
     }
+}
+
+/// Runs one data request against the store.
+pub async fn execute(store: &Store, req: IoRequest) -> IoResponse {
+    let ordered = order(store, req).await;
+    complete(store, ordered).await
 }
 
 type IoStream = Pin<Box<dyn Stream<Item = Result<IoResponse, Status>> + Send>>;
@@ -130,7 +199,10 @@ type IoStream = Pin<Box<dyn Stream<Item = Result<IoResponse, Status>> + Send>>;
 impl Replica for ReplicaService {
     type IoStream = IoStream;
 
-    async fn io(&self, request: Request<Streaming<IoRequest>>) -> Result<Response<IoStream>, Status> {
+    async fn io(
+        &self,
+        request: Request<Streaming<IoRequest>>,
+    ) -> Result<Response<IoStream>, Status> {
         let mut incoming = request.into_inner();
         let (tx, rx) = mpsc::channel::<Result<IoResponse, Status>>(IN_FLIGHT_PER_STREAM);
         let store = self.store.clone();
@@ -146,11 +218,14 @@ impl Replica for ReplicaService {
                         break;
                     }
                 };
-                let Ok(permit) = limit.clone().acquire_owned().await else { break };
+                let Ok(permit) = limit.clone().acquire_owned().await else {
+                    break;
+                };
+                let ordered = order(&store, req).await;
                 let store = store.clone();
                 let tx = tx.clone();
                 tokio::spawn(async move {
-                    let response = execute(&store, req).await;
+                    let response = complete(&store, ordered).await;
                     let _ = tx.send(Ok(response)).await;
                     drop(permit);
                 });
@@ -163,50 +238,97 @@ impl Replica for ReplicaService {
         Ok(Response::new(info_response(self.store.info())))
     }
 
-    async fn set_epoch(&self, request: Request<SetEpochRequest>) -> Result<Response<InfoResponse>, Status> {
-        self.store.check_epoch(request.into_inner().epoch).await.map_err(status)?;
+    async fn set_epoch(
+        &self,
+        request: Request<SetEpochRequest>,
+    ) -> Result<Response<InfoResponse>, Status> {
+        self.store
+            .check_epoch(request.into_inner().epoch)
+            .await
+            .map_err(status)?;
         Ok(Response::new(info_response(self.store.info())))
     }
 
-    async fn snapshot_create(&self, request: Request<SnapshotCreateRequest>) -> Result<Response<Snapshot>, Status> {
+    async fn snapshot_create(
+        &self,
+        request: Request<SnapshotCreateRequest>,
+    ) -> Result<Response<Snapshot>, Status> {
         let req = request.into_inner();
-        let snap = self.store.snapshot_create(req.epoch, &req.name).await.map_err(status)?;
+        let snap = self
+            .store
+            .snapshot_create(req.epoch, &req.name)
+            .await
+            .map_err(status)?;
         Ok(Response::new(snapshot_message(snap)))
     }
 
-    async fn snapshot_list(&self, _: Request<SnapshotListRequest>) -> Result<Response<SnapshotListResponse>, Status> {
+    async fn snapshot_list(
+        &self,
+        _: Request<SnapshotListRequest>,
+    ) -> Result<Response<SnapshotListResponse>, Status> {
         Ok(Response::new(self.list()))
     }
 
-    async fn snapshot_delete(&self, request: Request<SnapshotDeleteRequest>) -> Result<Response<SnapshotListResponse>, Status> {
+    async fn snapshot_delete(
+        &self,
+        request: Request<SnapshotDeleteRequest>,
+    ) -> Result<Response<SnapshotListResponse>, Status> {
         let req = request.into_inner();
-        self.store.snapshot_delete(req.epoch, &req.name).await.map_err(status)?;
+        self.store
+            .snapshot_delete(req.epoch, &req.name)
+            .await
+            .map_err(status)?;
         Ok(Response::new(self.list()))
     }
 
-    async fn snapshot_revert(&self, request: Request<SnapshotRevertRequest>) -> Result<Response<SnapshotListResponse>, Status> {
+    async fn snapshot_revert(
+        &self,
+        request: Request<SnapshotRevertRequest>,
+    ) -> Result<Response<SnapshotListResponse>, Status> {
         let req = request.into_inner();
-        self.store.snapshot_revert(req.epoch, &req.name).await.map_err(status)?;
+        self.store
+            .snapshot_revert(req.epoch, &req.name)
+            .await
+            .map_err(status)?;
         Ok(Response::new(self.list()))
     }
 
-    async fn expand(&self, request: Request<ExpandRequest>) -> Result<Response<InfoResponse>, Status> {
+    async fn expand(
+        &self,
+        request: Request<ExpandRequest>,
+    ) -> Result<Response<InfoResponse>, Status> {
         let req = request.into_inner();
-        self.store.expand(req.epoch, req.size_bytes).await.map_err(status)?;
+        self.store
+            .expand(req.epoch, req.size_bytes)
+            .await
+            .map_err(status)?;
         Ok(Response::new(info_response(self.store.info())))
     }
 
-    async fn extents(&self, request: Request<ExtentsRequest>) -> Result<Response<ExtentsResponse>, Status> {
-        let extents = self.store.extents(&request.into_inner().layer).map_err(status)?;
+    async fn extents(
+        &self,
+        request: Request<ExtentsRequest>,
+    ) -> Result<Response<ExtentsResponse>, Status> {
+        let extents = self
+            .store
+            .extents(&request.into_inner().layer)
+            .map_err(status)?;
         Ok(Response::new(ExtentsResponse {
             extents: extents
                 .into_iter()
-                .map(|e| Extent { offset: e.offset, length: e.length, zero: e.zero })
+                .map(|e| Extent {
+                    offset: e.offset,
+                    length: e.length,
+                    zero: e.zero,
+                })
                 .collect(),
         }))
     }
 
-    async fn checksums(&self, request: Request<ChecksumsRequest>) -> Result<Response<ChecksumsResponse>, Status> {
+    async fn checksums(
+        &self,
+        request: Request<ChecksumsRequest>,
+    ) -> Result<Response<ChecksumsResponse>, Status> {
         let r = request.into_inner();
         let crc32 = self
             .store
@@ -215,24 +337,47 @@ impl Replica for ReplicaService {
         Ok(Response::new(ChecksumsResponse { crc32 }))
     }
 
-    async fn read_layer(&self, request: Request<ReadLayerRequest>) -> Result<Response<ReadLayerResponse>, Status> {
+    async fn read_layer(
+        &self,
+        request: Request<ReadLayerRequest>,
+    ) -> Result<Response<ReadLayerResponse>, Status> {
         let r = request.into_inner();
         if r.length > MAX_MESSAGE_BYTES as u64 / 2 {
-            return Err(Status::invalid_argument(format!("read of {} bytes is larger than one message", r.length)));
+            return Err(Status::invalid_argument(format!(
+                "read of {} bytes is larger than one message",
+                r.length
+            )));
         }
-        let (data, states) = self.store.read_layer(&r.layer, r.offset, r.length).await.map_err(status)?;
+        let (data, states) = self
+            .store
+            .read_layer(&r.layer, r.offset, r.length)
+            .await
+            .map_err(status)?;
         Ok(Response::new(ReadLayerResponse {
             data: Bytes::from_owner(data),
-            block_state: states.into_iter().map(|s| s as u8).collect::<Vec<u8>>().into(),
+            block_state: states
+                .into_iter()
+                .map(|s| s as u8)
+                .collect::<Vec<u8>>()
+                .into(),
         }))
     }
 
-    async fn write_layer(&self, request: Request<WriteLayerRequest>) -> Result<Response<WriteLayerResponse>, Status> {
+    async fn write_layer(
+        &self,
+        request: Request<WriteLayerRequest>,
+    ) -> Result<Response<WriteLayerResponse>, Status> {
         let r = request.into_inner();
         if r.zero {
-            self.store.zero_layer(r.epoch, &r.layer, r.offset, r.length).await.map_err(status)?;
+            self.store
+                .zero_layer(r.epoch, &r.layer, r.offset, r.length)
+                .await
+                .map_err(status)?;
         } else {
-            self.store.write_layer(r.epoch, &r.layer, r.offset, &r.data).await.map_err(status)?;
+            self.store
+                .write_layer(r.epoch, &r.layer, r.offset, &r.data)
+                .await
+                .map_err(status)?;
         }
         Ok(Response::new(WriteLayerResponse {}))
     }
@@ -240,6 +385,13 @@ impl Replica for ReplicaService {
 
 impl ReplicaService {
     fn list(&self) -> SnapshotListResponse {
-        SnapshotListResponse { snapshots: self.store.snapshot_list().into_iter().map(snapshot_message).collect() }
+        SnapshotListResponse {
+            snapshots: self
+                .store
+                .snapshot_list()
+                .into_iter()
+                .map(snapshot_message)
+                .collect(),
+        }
     }
 }

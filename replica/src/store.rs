@@ -23,8 +23,8 @@ use thiserror::Error;
 
 use crate::device::{Device, StoreLocation};
 use crate::format::{
-    self, BLOCK, BLOCK_SIZE, CheckpointImage, Entry, JournalBlock, LayerImage, RECORDS_PER_JOURNAL_BLOCK, Record,
-    SlotContent, Superblock, ZERO_PBA,
+    self, BLOCK, BLOCK_SIZE, CheckpointImage, Entry, JournalBlock, LayerImage,
+    RECORDS_PER_JOURNAL_BLOCK, Record, SlotContent, Superblock, ZERO_PBA,
 };
 use crate::io::{AlignedBuf, BackendKind};
 
@@ -39,7 +39,10 @@ pub enum StoreError {
     #[error("checksum mismatch reading volume offset {offset}")]
     Checksum { offset: u64 },
     #[error("{op} failed: {source}")]
-    Io { op: &'static str, source: std::io::Error },
+    Io {
+        op: &'static str,
+        source: std::io::Error,
+    },
     #[error("{0} not found")]
     NotFound(String),
     #[error("{0} already exists")]
@@ -81,7 +84,14 @@ pub struct StoreConfig {
 
 impl StoreConfig {
     pub fn new(location: StoreLocation, volume_size: u64) -> Self {
-        Self { location, volume_size, capacity_bytes: None, journal_blocks: None, backend: BackendKind::Uring, create: true }
+        Self {
+            location,
+            volume_size,
+            capacity_bytes: None,
+            journal_blocks: None,
+            backend: BackendKind::Uring,
+            create: true,
+        }
     }
 }
 
@@ -99,7 +109,8 @@ fn checkpoint_blocks_for(entries: u64, layers: u64) -> u64 {
 pub fn default_capacity(volume_size: u64, journal_blocks: u64) -> u64 {
     let volume_blocks = volume_size / BLOCK_SIZE;
     let data = volume_blocks + volume_blocks / 4;
-    (format::SUPERBLOCK_SLOTS + journal_blocks + data + 2 * checkpoint_blocks_for(data, 8) + 16) * BLOCK_SIZE
+    (format::SUPERBLOCK_SLOTS + journal_blocks + data + 2 * checkpoint_blocks_for(data, 8) + 16)
+        * BLOCK_SIZE
 }
 
 fn now_unix_ms() -> u64 {
@@ -127,7 +138,12 @@ struct Allocator {
 
 impl Allocator {
     fn new(capacity: u64) -> Self {
-        Self { used: vec![0; capacity.div_ceil(64) as usize], capacity, free: capacity, hint: 0 }
+        Self {
+            used: vec![0; capacity.div_ceil(64) as usize],
+            capacity,
+            free: capacity,
+            hint: 0,
+        }
     }
     fn grow(&mut self, capacity: u64) {
         assert!(capacity >= self.capacity);
@@ -148,7 +164,10 @@ impl Allocator {
         true
     }
     fn release(&mut self, pba: u64) {
-        assert!(pba < self.capacity && self.is_used(pba), "double free of block {pba}");
+        assert!(
+            pba < self.capacity && self.is_used(pba),
+            "double free of block {pba}"
+        );
         self.used[(pba / 64) as usize] &= !(1 << (pba % 64));
         self.free += 1;
     }
@@ -159,7 +178,10 @@ impl Allocator {
         }
         let mut pba = self.hint % self.capacity;
         for _ in 0..self.capacity {
-            if pba % 64 == 0 && pba + 64 <= self.capacity && self.used[(pba / 64) as usize] == u64::MAX {
+            if pba % 64 == 0
+                && pba + 64 <= self.capacity
+                && self.used[(pba / 64) as usize] == u64::MAX
+            {
                 pba = (pba + 64) % self.capacity;
                 continue;
             }
@@ -262,7 +284,11 @@ impl Meta {
 
     /// What `lba` reads as from layer `top` down: an entry, or zeroes.
     fn resolve(&self, top: usize, lba: u64) -> Option<Entry> {
-        self.layers[..=top].iter().rev().find_map(|l| l.map.get(&lba).copied()).filter(|e| e.pba != ZERO_PBA)
+        self.layers[..=top]
+            .iter()
+            .rev()
+            .find_map(|l| l.map.get(&lba).copied())
+            .filter(|e| e.pba != ZERO_PBA)
     }
 
     /// Sets one layer's mapping of `lba` and journals it.
@@ -278,7 +304,12 @@ impl Meta {
         }
         self.pending.push(match value {
             Some(Entry { pba: ZERO_PBA, .. }) => Record::Zero { layer: id, lba },
-            Some(Entry { pba, crc }) => Record::Map { layer: id, lba, pba, crc },
+            Some(Entry { pba, crc }) => Record::Map {
+                layer: id,
+                lba,
+                pba,
+                crc,
+            },
             None => Record::Unmap { layer: id, lba },
         });
         self.revision += 1;
@@ -286,8 +317,43 @@ impl Meta {
 
     /// The value that makes `lba` of layer `index` read as zeroes.
     fn zero_value(&self, index: usize, lba: u64) -> Option<Entry> {
-        let below = self.layers[..index].iter().any(|l| l.map.contains_key(&lba));
-        below.then_some(Entry { pba: ZERO_PBA, crc: zero_block_crc() })
+        let below = self.layers[..index]
+            .iter()
+            .any(|l| l.map.contains_key(&lba));
+        below.then_some(Entry {
+            pba: ZERO_PBA,
+            crc: zero_block_crc(),
+        })
+    }
+
+    /// Maps a finished write's blocks (`crcs` given) or frees them (failed or
+    /// abandoned); blocks superseded by a later-started request are freed.
+    fn settle_write(&mut self, w: &StartedWrite, crcs: Option<&[u32]>) {
+        let index = self.layers.iter().position(|l| l.id == w.layer_id);
+        let mut pbas = w.runs.iter().flat_map(|&(start, n)| start..start + n);
+        for (i, lba) in (w.first_lba..w.first_lba + w.blocks).enumerate() {
+            let pba = pbas.next().expect("one block per lba");
+            let state = self
+                .lba_writes
+                .get_mut(&(w.layer_id, lba))
+                .expect("registered write");
+            state.in_flight -= 1;
+            let newest = w.seq > state.applied_seq;
+            if newest {
+                state.applied_seq = w.seq;
+            }
+            if state.in_flight == 0 {
+                self.lba_writes.remove(&(w.layer_id, lba));
+            }
+            match (index, crcs) {
+                (Some(index), Some(crcs)) if newest => {
+                    self.set_entry(index, lba, Some(Entry { pba, crc: crcs[i] }))
+                }
+                // Superseded, failed, or the layer is gone: the block was
+                // never referenced, so it is free at once.
+                _ => self.alloc.release(pba),
+            }
+        }
     }
 
     fn finish_read(&mut self, ticket: u64) {
@@ -307,7 +373,12 @@ impl Meta {
     }
 
     fn release_quarantine(&mut self) {
-        let oldest = self.reads_in_flight.keys().next().copied().unwrap_or(u64::MAX);
+        let oldest = self
+            .reads_in_flight
+            .keys()
+            .next()
+            .copied()
+            .unwrap_or(u64::MAX);
         while let Some((ticket, _)) = self.quarantine.front() {
             if *ticket > oldest {
                 break;
@@ -373,6 +444,18 @@ pub enum BlockState {
     Zero = 2,
 }
 
+/// A write placed in the write order whose data is not yet on the device.
+/// It must be passed to [`Store::finish_write`]; one dropped instead (its
+/// task cancelled) keeps its blocks allocated until the store is reopened.
+pub struct StartedWrite {
+    layer_id: u64,
+    seq: u64,
+    runs: Vec<(u64, u64)>,
+    first_lba: u64,
+    blocks: u64,
+    _gate: tokio::sync::OwnedRwLockReadGuard<()>,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Extent {
     pub offset: u64,
@@ -387,7 +470,7 @@ pub struct Store {
     commit: tokio::sync::Mutex<()>,
     /// Data I/O holds it shared; structural changes (snapshots, expand) hold
     /// it exclusively, so they happen at one point in the write stream.
-    gate: tokio::sync::RwLock<()>,
+    gate: Arc<tokio::sync::RwLock<()>>,
 }
 
 impl Store {
@@ -399,18 +482,29 @@ impl Store {
                 config.volume_size
             )));
         }
-        let journal_blocks = config.journal_blocks.unwrap_or_else(|| default_journal_blocks(config.volume_size));
+        let journal_blocks = config
+            .journal_blocks
+            .unwrap_or_else(|| default_journal_blocks(config.volume_size));
         let exists = Device::exists(&config.location).map_err(io_err("look up store"))?;
         if !exists {
             if !config.create {
                 return Err(StoreError::NotFound(format!("store {}", config.location)));
             }
-            let capacity = config.capacity_bytes.unwrap_or_else(|| default_capacity(config.volume_size, journal_blocks));
+            let capacity = config
+                .capacity_bytes
+                .unwrap_or_else(|| default_capacity(config.volume_size, journal_blocks));
             Device::create(&config.location, capacity).map_err(io_err("create store"))?;
         }
-        let device = Device::open(&config.location, config.backend).map_err(io_err("open store"))?;
-        let head = device.read(0, AlignedBuf::zeroed(2 * BLOCK)).await.map_err(io_err("read superblocks"))?;
-        let slots = [Superblock::decode(&head[..BLOCK]), Superblock::decode(&head[BLOCK..])];
+        let device =
+            Device::open(&config.location, config.backend).map_err(io_err("open store"))?;
+        let head = device
+            .read(0, AlignedBuf::zeroed(2 * BLOCK))
+            .await
+            .map_err(io_err("read superblocks"))?;
+        let slots = [
+            Superblock::decode(&head[..BLOCK]),
+            Superblock::decode(&head[BLOCK..]),
+        ];
         let best = slots
             .iter()
             .filter_map(|s| match s {
@@ -421,7 +515,10 @@ impl Store {
         let store = match best {
             Some(sb) => {
                 if sb.volume_size != config.volume_size {
-                    return Err(StoreError::SizeMismatch { existing: sb.volume_size, requested: config.volume_size });
+                    return Err(StoreError::SizeMismatch {
+                        existing: sb.volume_size,
+                        requested: config.volume_size,
+                    });
                 }
                 Self::load(device, sb).await?
             }
@@ -480,8 +577,23 @@ impl Store {
         for pba in 0..data_start {
             alloc.claim(pba);
         }
-        let head = Layer { id: 1, name: String::new(), created_unix_ms: now_unix_ms(), size_bytes: volume_size, map: BTreeMap::new() };
-        Ok(Self::assemble(device, sb, vec![head], 2, alloc, Vec::new(), 0, true))
+        let head = Layer {
+            id: 1,
+            name: String::new(),
+            created_unix_ms: now_unix_ms(),
+            size_bytes: volume_size,
+            map: BTreeMap::new(),
+        };
+        Ok(Self::assemble(
+            device,
+            sb,
+            vec![head],
+            2,
+            alloc,
+            Vec::new(),
+            0,
+            true,
+        ))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -518,7 +630,7 @@ impl Store {
             device: RwLock::new(Arc::new(device)),
             meta: Mutex::new(meta),
             commit: tokio::sync::Mutex::new(()),
-            gate: tokio::sync::RwLock::new(()),
+            gate: Arc::new(tokio::sync::RwLock::new(())),
         }
     }
 
@@ -547,7 +659,9 @@ impl Store {
         let mut pba = sb.checkpoint_head;
         for index in 0..sb.checkpoint_blocks {
             if pba < data_start || !alloc.claim(pba) {
-                return Err(corrupt(format!("checkpoint block {index} at {pba} is out of place")));
+                return Err(corrupt(format!(
+                    "checkpoint block {index} at {pba} is out of place"
+                )));
             }
             checkpoint_pbas.push(pba);
             let block = device
@@ -555,22 +669,35 @@ impl Store {
                 .await
                 .map_err(io_err("read checkpoint"))?;
             let (next, payload) = format::decode_checkpoint_block(&block, sb.store_id, index)
-                .ok_or_else(|| corrupt(format!("checkpoint block {index} at {pba} fails its checksum")))?;
+                .ok_or_else(|| {
+                    corrupt(format!(
+                        "checkpoint block {index} at {pba} fails its checksum"
+                    ))
+                })?;
             blob.extend_from_slice(payload);
             pba = next;
         }
         if blob.len() as u64 != sb.checkpoint_len || format::crc32(&blob) != sb.checkpoint_crc {
-            return Err(corrupt("checkpoint does not match the superblock's length and checksum".into()));
+            return Err(corrupt(
+                "checkpoint does not match the superblock's length and checksum".into(),
+            ));
         }
-        let image = CheckpointImage::decode(&blob).ok_or_else(|| corrupt("checkpoint does not decode".into()))?;
+        let image = CheckpointImage::decode(&blob)
+            .ok_or_else(|| corrupt("checkpoint does not decode".into()))?;
         let mut layers = Vec::with_capacity(image.layers.len());
         for l in image.layers {
             for (lba, e) in &l.entries {
                 if *lba >= sb.volume_size / BLOCK_SIZE {
-                    return Err(corrupt(format!("layer {} maps block {lba} past the volume end", l.id)));
+                    return Err(corrupt(format!(
+                        "layer {} maps block {lba} past the volume end",
+                        l.id
+                    )));
                 }
                 if e.pba != ZERO_PBA && (e.pba < data_start || !alloc.claim(e.pba)) {
-                    return Err(corrupt(format!("layer {} maps block {lba} to used or reserved block {}", l.id, e.pba)));
+                    return Err(corrupt(format!(
+                        "layer {} maps block {lba} to used or reserved block {}",
+                        l.id, e.pba
+                    )));
                 }
             }
             layers.push(Layer {
@@ -584,25 +711,44 @@ impl Store {
 
         // Journal replay: blocks of this generation, in index order.
         let journal = device
-            .read(sb.journal_start * BLOCK_SIZE, AlignedBuf::zeroed((sb.journal_blocks * BLOCK_SIZE) as usize))
+            .read(
+                sb.journal_start * BLOCK_SIZE,
+                AlignedBuf::zeroed((sb.journal_blocks * BLOCK_SIZE) as usize),
+            )
             .await
             .map_err(io_err("read journal"))?;
         let mut revision = image.revision;
         let mut replayed = 0u64;
         for (index, raw) in journal.chunks(BLOCK).enumerate() {
-            let Some(jb) = JournalBlock::decode(raw, sb.store_id) else { break };
+            let Some(jb) = JournalBlock::decode(raw, sb.store_id) else {
+                break;
+            };
             if jb.generation != sb.journal_generation || jb.index != index as u64 {
                 break;
             }
             for record in jb.records {
                 let (layer_id, lba, value) = match record {
-                    Record::Map { layer, lba, pba, crc } => {
+                    Record::Map {
+                        layer,
+                        lba,
+                        pba,
+                        crc,
+                    } => {
                         if pba < data_start || !alloc.claim(pba) {
-                            return Err(corrupt(format!("journal maps block {lba} to used block {pba}")));
+                            return Err(corrupt(format!(
+                                "journal maps block {lba} to used block {pba}"
+                            )));
                         }
                         (layer, lba, Some(Entry { pba, crc }))
                     }
-                    Record::Zero { layer, lba } => (layer, lba, Some(Entry { pba: ZERO_PBA, crc: zero_block_crc() })),
+                    Record::Zero { layer, lba } => (
+                        layer,
+                        lba,
+                        Some(Entry {
+                            pba: ZERO_PBA,
+                            crc: zero_block_crc(),
+                        }),
+                    ),
                     Record::Unmap { layer, lba } => (layer, lba, None),
                 };
                 let layer = layers
@@ -629,7 +775,16 @@ impl Store {
         );
         let clean = sb.clean;
         let next_layer_id = image.next_layer_id;
-        Ok(Self::assemble(device, sb, layers, next_layer_id, alloc, checkpoint_pbas, revision, clean))
+        Ok(Self::assemble(
+            device,
+            sb,
+            layers,
+            next_layer_id,
+            alloc,
+            checkpoint_pbas,
+            revision,
+            clean,
+        ))
     }
 
     fn device(&self) -> Arc<Device> {
@@ -654,12 +809,19 @@ impl Store {
             let meta = self.meta();
             meta.check_usable()?;
             if epoch < meta.sb.highest_epoch {
-                return Err(StoreError::Fenced { epoch, highest: meta.sb.highest_epoch });
+                return Err(StoreError::Fenced {
+                    epoch,
+                    highest: meta.sb.highest_epoch,
+                });
             }
             if epoch == meta.sb.highest_epoch {
                 return Ok(());
             }
-            Superblock { sequence: meta.sb.sequence + 1, highest_epoch: epoch, ..meta.sb.clone() }
+            Superblock {
+                sequence: meta.sb.sequence + 1,
+                highest_epoch: epoch,
+                ..meta.sb.clone()
+            }
         };
         self.write_superblock(&sb).await?;
         tracing::info!(epoch, "fencing epoch raised");
@@ -671,7 +833,9 @@ impl Store {
         let device = self.device();
         let slot = sb.sequence % format::SUPERBLOCK_SLOTS;
         let result = async {
-            device.write(slot * BLOCK_SIZE, AlignedBuf::from_slice(&sb.encode())).await?;
+            device
+                .write(slot * BLOCK_SIZE, AlignedBuf::from_slice(&sb.encode()))
+                .await?;
             device.sync().await
         }
         .await;
@@ -680,14 +844,18 @@ impl Store {
 
     fn check_range(&self, meta: &Meta, offset: u64, length: u64) -> Result<()> {
         if length == 0 {
-            return Err(StoreError::InvalidArgument(format!("zero-length request at offset {offset}")));
+            return Err(StoreError::InvalidArgument(format!(
+                "zero-length request at offset {offset}"
+            )));
         }
         if offset % BLOCK_SIZE != 0 || length % BLOCK_SIZE != 0 {
             return Err(StoreError::InvalidArgument(format!(
                 "offset {offset} and length {length} must be multiples of {BLOCK_SIZE}"
             )));
         }
-        let end = offset.checked_add(length).ok_or_else(|| StoreError::InvalidArgument("range overflows".into()))?;
+        let end = offset
+            .checked_add(length)
+            .ok_or_else(|| StoreError::InvalidArgument("range overflows".into()))?;
         if end > meta.sb.volume_size {
             return Err(StoreError::InvalidArgument(format!(
                 "range {offset}+{length} ends past the volume size {}",
@@ -700,78 +868,96 @@ impl Store {
     /// Writes `data` at `offset` into the head. With `fua` the write is
     /// durable before this returns.
     pub async fn write(&self, epoch: u64, offset: u64, data: &[u8], fua: bool) -> Result<()> {
-        self.check_epoch(epoch).await?;
-        {
-            let _gate = self.gate.read().await;
-            self.write_layer_data("", offset, data).await?;
-        }
+        let started = self
+            .start_write(epoch, "", offset, data.len() as u64)
+            .await?;
+        self.finish_write(started, data).await?;
         if fua { self.flush().await } else { Ok(()) }
     }
 
-    async fn write_layer_data(&self, layer: &str, offset: u64, data: &[u8]) -> Result<()> {
-        let blocks = data.len() as u64 / BLOCK_SIZE;
+    /// First half of a write: checks the request and places it in the write
+    /// order (allocating its blocks). Requests started in some order resolve
+    /// overlaps in that order, whatever order their data lands on the device;
+    /// the gRPC server starts writes in stream order, so every replica fed
+    /// the same stream ends up with the same blocks.
+    pub async fn start_write(
+        &self,
+        epoch: u64,
+        layer: &str,
+        offset: u64,
+        length: u64,
+    ) -> Result<StartedWrite> {
+        self.check_epoch(epoch).await?;
+        let gate = self.gate.clone().read_owned().await;
+        let blocks = length / BLOCK_SIZE;
         let first_lba = offset / BLOCK_SIZE;
-        let (layer_id, seq, runs) = {
-            let mut meta = self.meta();
-            meta.check_usable()?;
-            self.check_range(&meta, offset, data.len() as u64)?;
-            let index = meta.layer_index(layer)?;
-            let layer_id = meta.layers[index].id;
-            let reserve = meta.reserve_blocks(blocks);
-            if meta.alloc.free < blocks + reserve {
-                return Err(StoreError::OutOfSpace { needed: blocks + reserve, free: meta.alloc.free });
-            }
-            let runs = meta.alloc.alloc(blocks).expect("free space was checked");
-            let seq = meta.next_write_seq;
-            meta.next_write_seq += 1;
-            for lba in first_lba..first_lba + blocks {
-                meta.lba_writes.entry((layer_id, lba)).or_default().in_flight += 1;
-            }
-            (layer_id, seq, runs)
-        };
+        let mut meta = self.meta();
+        meta.check_usable()?;
+        self.check_range(&meta, offset, length)?;
+        let index = meta.layer_index(layer)?;
+        let layer_id = meta.layers[index].id;
+        let reserve = meta.reserve_blocks(blocks);
+        if meta.alloc.free < blocks + reserve {
+            return Err(StoreError::OutOfSpace {
+                needed: blocks + reserve,
+                free: meta.alloc.free,
+            });
+        }
+        let runs = meta.alloc.alloc(blocks).expect("free space was checked");
+        let seq = meta.next_write_seq;
+        meta.next_write_seq += 1;
+        for lba in first_lba..first_lba + blocks {
+            meta.lba_writes
+                .entry((layer_id, lba))
+                .or_default()
+                .in_flight += 1;
+        }
+        Ok(StartedWrite {
+            layer_id,
+            seq,
+            runs,
+            first_lba,
+            blocks,
+            _gate: gate,
+        })
+    }
 
+    /// Second half of a write: puts the data on the device and maps it.
+    pub async fn finish_write(&self, started: StartedWrite, data: &[u8]) -> Result<()> {
+        let mut result = if data.len() as u64 != started.blocks * BLOCK_SIZE {
+            Err(StoreError::InvalidArgument(format!(
+                "{} data bytes for a {}-byte write",
+                data.len(),
+                started.blocks * BLOCK_SIZE
+            )))
+        } else {
+            Ok(())
+        };
         let device = self.device();
-        let mut crcs = Vec::with_capacity(blocks as usize);
-        let mut result = Ok(());
+        let mut crcs = Vec::with_capacity(started.blocks as usize);
         let mut at = 0usize;
-        for &(pba, n) in &runs {
+        for &(pba, n) in &started.runs {
+            if result.is_err() {
+                break;
+            }
             let len = n as usize * BLOCK;
             let buf = AlignedBuf::from_slice(&data[at..at + len]);
             crcs.extend(buf.chunks(BLOCK).map(format::crc32));
             if let Err(e) = device.write(pba * BLOCK_SIZE, buf).await {
-                result = Err(StoreError::Io { op: "write data", source: e });
-                break;
+                result = Err(StoreError::Io {
+                    op: "write data",
+                    source: e,
+                });
             }
             at += len;
         }
-
         let mut meta = self.meta();
-        let index = meta.layers.iter().position(|l| l.id == layer_id);
-        let mut pbas = runs.iter().flat_map(|&(start, n)| start..start + n);
-        for (i, lba) in (first_lba..first_lba + blocks).enumerate() {
-            let pba = pbas.next().expect("one block per lba");
-            let state = meta.lba_writes.get_mut(&(layer_id, lba)).expect("registered write");
-            state.in_flight -= 1;
-            let newest = seq > state.applied_seq;
-            if newest {
-                state.applied_seq = seq;
-            }
-            if state.in_flight == 0 {
-                meta.lba_writes.remove(&(layer_id, lba));
-            }
-            match (index, &result) {
-                (Some(index), Ok(())) if newest => meta.set_entry(index, lba, Some(Entry { pba, crc: crcs[i] })),
-                // Superseded by a later request, failed, or the layer is gone:
-                // the block was never referenced, so it is free at once.
-                _ => meta.alloc.release(pba),
-            }
-        }
+        meta.settle_write(&started, result.is_ok().then_some(&crcs[..]));
         if result.is_ok() {
             meta.data_dirty = true;
         }
         result
     }
-
     /// Makes `[offset, offset+length)` read as zeroes and frees its blocks
     /// (TRIM and WRITE_ZEROES have the same effect here).
     pub async fn trim(&self, epoch: u64, offset: u64, length: u64) -> Result<()> {
@@ -791,7 +977,10 @@ impl Store {
         let first = offset / BLOCK_SIZE;
         let reserve = meta.reserve_blocks(length / BLOCK_SIZE);
         if meta.alloc.free < reserve {
-            return Err(StoreError::OutOfSpace { needed: reserve, free: meta.alloc.free });
+            return Err(StoreError::OutOfSpace {
+                needed: reserve,
+                free: meta.alloc.free,
+            });
         }
         for lba in first..first + length / BLOCK_SIZE {
             if let Some(state) = meta.lba_writes.get_mut(&(layer_id, lba)) {
@@ -811,24 +1000,38 @@ impl Store {
     pub async fn read(&self, epoch: u64, offset: u64, length: u64) -> Result<AlignedBuf> {
         self.check_epoch(epoch).await?;
         let _gate = self.gate.read().await;
-        self.read_view(None, offset, length).await.map(|(buf, _)| buf)
+        self.read_view(None, offset, length)
+            .await
+            .map(|(buf, _)| buf)
     }
 
     /// Reads the volume as seen from snapshot `name` (its layer and older).
     pub async fn read_snapshot(&self, name: &str, offset: u64, length: u64) -> Result<AlignedBuf> {
         let _gate = self.gate.read().await;
-        self.read_view(Some((name, false)), offset, length).await.map(|(buf, _)| buf)
+        self.read_view(Some((name, false)), offset, length)
+            .await
+            .map(|(buf, _)| buf)
     }
 
     /// Reads one layer's own blocks; the states say which are mapped.
-    pub async fn read_layer(&self, name: &str, offset: u64, length: u64) -> Result<(AlignedBuf, Vec<BlockState>)> {
+    pub async fn read_layer(
+        &self,
+        name: &str,
+        offset: u64,
+        length: u64,
+    ) -> Result<(AlignedBuf, Vec<BlockState>)> {
         let _gate = self.gate.read().await;
         self.read_view(Some((name, true)), offset, length).await
     }
 
     /// `view`: None = the whole chain; Some((layer, only)) = from that layer
     /// down, or that layer alone when `only`.
-    async fn read_view(&self, view: Option<(&str, bool)>, offset: u64, length: u64) -> Result<(AlignedBuf, Vec<BlockState>)> {
+    async fn read_view(
+        &self,
+        view: Option<(&str, bool)>,
+        offset: u64,
+        length: u64,
+    ) -> Result<(AlignedBuf, Vec<BlockState>)> {
         let first = offset / BLOCK_SIZE;
         let (ticket, entries) = {
             let mut meta = self.meta();
@@ -864,7 +1067,12 @@ impl Store {
         result.map(|buf| (buf, entries.into_iter().map(|(s, _)| s).collect()))
     }
 
-    async fn read_blocks(&self, offset: u64, length: u64, entries: &[(BlockState, Option<Entry>)]) -> Result<AlignedBuf> {
+    async fn read_blocks(
+        &self,
+        offset: u64,
+        length: u64,
+        entries: &[(BlockState, Option<Entry>)],
+    ) -> Result<AlignedBuf> {
         let device = self.device();
         let mut out = AlignedBuf::zeroed(length as usize);
         let mut i = 0;
@@ -874,11 +1082,17 @@ impl Store {
                 continue;
             };
             let mut n = 1;
-            while i + n < entries.len() && entries[i + n].1.map(|e| e.pba) == Some(first.pba + n as u64) {
+            while i + n < entries.len()
+                && entries[i + n].1.map(|e| e.pba) == Some(first.pba + n as u64)
+            {
                 n += 1;
             }
             let whole = i == 0 && n == entries.len();
-            let buf = if whole { std::mem::replace(&mut out, AlignedBuf::zeroed(BLOCK)) } else { AlignedBuf::zeroed(n * BLOCK) };
+            let buf = if whole {
+                std::mem::replace(&mut out, AlignedBuf::zeroed(BLOCK))
+            } else {
+                AlignedBuf::zeroed(n * BLOCK)
+            };
             let buf = device
                 .read(first.pba * BLOCK_SIZE, buf)
                 .await
@@ -919,8 +1133,12 @@ impl Store {
                 let records = std::mem::take(&mut meta.pending);
                 let frees = std::mem::take(&mut meta.pending_free);
                 let dirty = std::mem::take(&mut meta.data_dirty);
-                let placement =
-                    (meta.sb.journal_start + meta.journal_next, meta.journal_next, meta.sb.journal_generation, meta.sb.store_id);
+                let placement = (
+                    meta.sb.journal_start + meta.journal_next,
+                    meta.journal_next,
+                    meta.sb.journal_generation,
+                    meta.sb.store_id,
+                );
                 meta.journal_next += blocks;
                 Some((records, frees, dirty, meta.revision, placement))
             }
@@ -937,9 +1155,15 @@ impl Store {
             device.sync().await?;
             if !records.is_empty() {
                 let (pba, first_index, generation, store_id) = placement;
-                let mut buf = AlignedBuf::zeroed(records.len().div_ceil(RECORDS_PER_JOURNAL_BLOCK) * BLOCK);
+                let mut buf =
+                    AlignedBuf::zeroed(records.len().div_ceil(RECORDS_PER_JOURNAL_BLOCK) * BLOCK);
                 for (i, chunk) in records.chunks(RECORDS_PER_JOURNAL_BLOCK).enumerate() {
-                    let jb = JournalBlock { generation, index: first_index + i as u64, revision, records: chunk.to_vec() };
+                    let jb = JournalBlock {
+                        generation,
+                        index: first_index + i as u64,
+                        revision,
+                        records: chunk.to_vec(),
+                    };
                     buf[i * BLOCK..(i + 1) * BLOCK].copy_from_slice(&jb.encode(store_id));
                 }
                 device.write(pba * BLOCK_SIZE, buf).await?;
@@ -998,7 +1222,9 @@ impl Store {
         let device = self.device();
         let result = async {
             for (pba, block) in &blocks {
-                device.write(pba * BLOCK_SIZE, AlignedBuf::from_slice(block)).await?;
+                device
+                    .write(pba * BLOCK_SIZE, AlignedBuf::from_slice(block))
+                    .await?;
             }
             device.sync().await
         }
@@ -1016,7 +1242,9 @@ impl Store {
     fn validate_snapshot_name(name: &str) -> Result<()> {
         let ok = !name.is_empty()
             && name.len() <= 200
-            && name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
         if ok {
             Ok(())
         } else {
@@ -1027,7 +1255,11 @@ impl Store {
     }
 
     /// Runs a structural change with I/O drained, then checkpoints it.
-    async fn structural<T>(&self, epoch: u64, change: impl FnOnce(&mut Meta) -> Result<T>) -> Result<T> {
+    async fn structural<T>(
+        &self,
+        epoch: u64,
+        change: impl FnOnce(&mut Meta) -> Result<T>,
+    ) -> Result<T> {
         self.check_epoch(epoch).await?;
         let _gate = self.gate.write().await;
         let _commit = self.commit.lock().await;
@@ -1054,7 +1286,13 @@ impl Store {
             head.name = name.to_string();
             head.created_unix_ms = now_unix_ms();
             let info = snapshot_info(head);
-            meta.layers.push(Layer { id, name: String::new(), created_unix_ms: now_unix_ms(), size_bytes: size, map: BTreeMap::new() });
+            meta.layers.push(Layer {
+                id,
+                name: String::new(),
+                created_unix_ms: now_unix_ms(),
+                size_bytes: size,
+                map: BTreeMap::new(),
+            });
             Ok(info)
         })
         .await
@@ -1062,7 +1300,10 @@ impl Store {
 
     pub fn snapshot_list(&self) -> Vec<SnapshotInfo> {
         let meta = self.meta();
-        meta.layers[..meta.head_index()].iter().map(snapshot_info).collect()
+        meta.layers[..meta.head_index()]
+            .iter()
+            .map(snapshot_info)
+            .collect()
     }
 
     /// Removes snapshot `name`; its blocks that its child does not override
@@ -1071,7 +1312,9 @@ impl Store {
         self.structural(epoch, |meta| {
             let index = meta.layer_index(name)?;
             if index == meta.head_index() {
-                return Err(StoreError::InvalidArgument("the head is not a snapshot".into()));
+                return Err(StoreError::InvalidArgument(
+                    "the head is not a snapshot".into(),
+                ));
             }
             let layer = meta.layers.remove(index);
             let mut freed = Vec::new();
@@ -1104,16 +1347,30 @@ impl Store {
         self.structural(epoch, |meta| {
             let index = meta.layer_index(name)?;
             if index == meta.head_index() {
-                return Err(StoreError::InvalidArgument("the head is not a snapshot".into()));
+                return Err(StoreError::InvalidArgument(
+                    "the head is not a snapshot".into(),
+                ));
             }
             let dropped: Vec<Layer> = meta.layers.drain(index + 1..).collect();
             for layer in dropped {
-                meta.pending_free.extend(layer.map.values().filter(|e| e.pba != ZERO_PBA).map(|e| e.pba));
+                meta.pending_free.extend(
+                    layer
+                        .map
+                        .values()
+                        .filter(|e| e.pba != ZERO_PBA)
+                        .map(|e| e.pba),
+                );
             }
             let id = meta.next_layer_id;
             meta.next_layer_id += 1;
             let size = meta.sb.volume_size;
-            meta.layers.push(Layer { id, name: String::new(), created_unix_ms: now_unix_ms(), size_bytes: size, map: BTreeMap::new() });
+            meta.layers.push(Layer {
+                id,
+                name: String::new(),
+                created_unix_ms: now_unix_ms(),
+                size_bytes: size,
+                map: BTreeMap::new(),
+            });
             meta.revision += 1;
             Ok(())
         })
@@ -1147,7 +1404,8 @@ impl Store {
             if current.size_bytes() < wanted {
                 // All I/O is drained (gate) and commits are held (commit).
                 let mut device = self.device.write().expect("device lock");
-                let mut grown = Device::open(current.location(), current.backend_kind()).map_err(io_err("reopen store"))?;
+                let mut grown = Device::open(current.location(), current.backend_kind())
+                    .map_err(io_err("reopen store"))?;
                 grown.grow(wanted).map_err(io_err("grow store"))?;
                 *device = Arc::new(grown);
             }
@@ -1166,13 +1424,26 @@ impl Store {
     }
 
     /// Writes into any layer (a snapshot too): how rebuilds fill a replica.
-    pub async fn write_layer(&self, epoch: u64, layer: &str, offset: u64, data: &[u8]) -> Result<()> {
-        self.check_epoch(epoch).await?;
-        let _gate = self.gate.read().await;
-        self.write_layer_data(layer, offset, data).await
+    pub async fn write_layer(
+        &self,
+        epoch: u64,
+        layer: &str,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<()> {
+        let started = self
+            .start_write(epoch, layer, offset, data.len() as u64)
+            .await?;
+        self.finish_write(started, data).await
     }
 
-    pub async fn zero_layer(&self, epoch: u64, layer: &str, offset: u64, length: u64) -> Result<()> {
+    pub async fn zero_layer(
+        &self,
+        epoch: u64,
+        layer: &str,
+        offset: u64,
+        length: u64,
+    ) -> Result<()> {
         self.check_epoch(epoch).await?;
         let _gate = self.gate.read().await;
         self.zero_layer_range(layer, offset, length)
@@ -1187,8 +1458,14 @@ impl Store {
             let zero = e.pba == ZERO_PBA;
             let offset = lba * BLOCK_SIZE;
             match out.last_mut() {
-                Some(last) if last.offset + last.length == offset && last.zero == zero => last.length += BLOCK_SIZE,
-                _ => out.push(Extent { offset, length: BLOCK_SIZE, zero }),
+                Some(last) if last.offset + last.length == offset && last.zero == zero => {
+                    last.length += BLOCK_SIZE
+                }
+                _ => out.push(Extent {
+                    offset,
+                    length: BLOCK_SIZE,
+                    zero,
+                }),
             }
         }
         Ok(out)
@@ -1197,7 +1474,14 @@ impl Store {
     /// One crc32 per `chunk` bytes of `[offset, offset+length)`, computed from
     /// the per-block checksums (no data is read). `layer` empty with `merged`
     /// covers the volume as read; otherwise one layer's own mapping.
-    pub fn checksums(&self, layer: &str, merged: bool, offset: u64, length: u64, chunk: u64) -> Result<Vec<u32>> {
+    pub fn checksums(
+        &self,
+        layer: &str,
+        merged: bool,
+        offset: u64,
+        length: u64,
+        chunk: u64,
+    ) -> Result<Vec<u32>> {
         if chunk == 0 || chunk % BLOCK_SIZE != 0 || length % chunk != 0 {
             return Err(StoreError::InvalidArgument(format!(
                 "chunk size {chunk} must be a positive multiple of {BLOCK_SIZE} dividing the length {length}"
@@ -1213,7 +1497,10 @@ impl Store {
                 let mut h = crc32fast::Hasher::new();
                 for lba in first + c * per_chunk..first + (c + 1) * per_chunk {
                     let (state, crc) = if merged {
-                        (1u8, meta.resolve(index, lba).map_or(zero_block_crc(), |e| e.crc))
+                        (
+                            1u8,
+                            meta.resolve(index, lba).map_or(zero_block_crc(), |e| e.crc),
+                        )
                     } else {
                         match meta.layers[index].map.get(&lba) {
                             None => (0, 0),
@@ -1257,7 +1544,8 @@ fn snapshot_info(layer: &Layer) -> SnapshotInfo {
     SnapshotInfo {
         name: layer.name.clone(),
         created_unix_ms: layer.created_unix_ms,
-        allocated_bytes: layer.map.values().filter(|e| e.pba != ZERO_PBA).count() as u64 * BLOCK_SIZE,
+        allocated_bytes: layer.map.values().filter(|e| e.pba != ZERO_PBA).count() as u64
+            * BLOCK_SIZE,
         size_bytes: layer.size_bytes,
     }
 }

@@ -1,1 +1,507 @@
+//! Helpers for ironhorn's multi-process tests: start the real binaries with a
+//! log file each, stop them with TERM then KILL, make loop devices and LVM
+//! volume groups with unique names and remove exactly those, and talk to
+//! replicas over their gRPC data stream.
 
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use ironhorn_proto::replica::replica_client::ReplicaClient;
+use ironhorn_proto::replica::{IoOp, IoRequest, IoResponse, IoStatus};
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::Channel;
+
+pub const BLOCK: usize = 4096;
+
+/// A name unique to this process and call, for files, VGs and LVs.
+pub fn unique(prefix: &str) -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "{prefix}{}x{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::SeqCst)
+    )
+}
+
+/// Fails the test with a clear message when a required tool is missing.
+pub fn require_tool(tool: &str, package: &str) {
+    let found = std::env::var_os("PATH")
+        .map(|paths| std::env::split_paths(&paths).any(|p| p.join(tool).is_file()))
+        .unwrap_or(false);
+    assert!(
+        found,
+        "required tool {tool} is missing: install the {package} package (scripts/test.sh does)"
+    );
+}
+
+pub fn require_root() {
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "this test needs root (loop devices, LVM); run it as root"
+    );
+}
+
+/// Directory holding the workspace's built binaries (target/<profile>).
+pub fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    // target/<profile>/deps/<test binary>
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("target dir")
+        .to_path_buf()
+}
+
+pub fn binary(name: &str) -> PathBuf {
+    let path = bin_dir().join(name);
+    assert!(
+        path.is_file(),
+        "{} is not built: run `cargo build --workspace --bins` first (scripts/test.sh does)",
+        path.display()
+    );
+    path
+}
+
+/// A scratch directory for one test, removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(prefix: &str) -> Self {
+        let base = std::env::var_os("IRONHORN_TEST_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(std::env::temp_dir);
+        let path = base.join(unique(prefix));
+        std::fs::create_dir_all(&path).expect("create test dir");
+        Self(path)
+    }
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A running ironhorn process. Its stderr goes to a log file; its stdout
+/// is scanned for the `listening on ADDR` line.
+pub struct Process {
+    pub name: String,
+    child: Option<Child>,
+    pub address: String,
+    pub log: PathBuf,
+}
+
+impl Process {
+    /// Starts `binary args...` and waits (bounded) for its listening line.
+    pub fn start(
+        name: &str,
+        binary: &Path,
+        args: &[String],
+        log_dir: &Path,
+    ) -> Result<Process, String> {
+        let log = log_dir.join(format!("{name}.log"));
+        let log_file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .expect("log file");
+        let mut child = Command::new(binary)
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(log_file)
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
+            )
+            .spawn()
+            .map_err(|e| format!("spawn {}: {e}", binary.display()))?;
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut sent = false;
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if !sent {
+                    if let Some(addr) = line.strip_prefix("listening on ") {
+                        let _ = tx.send(addr.trim().to_string());
+                        sent = true;
+                    }
+                }
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok(address) = rx.recv_timeout(Duration::from_millis(50)) {
+                return Ok(Process {
+                    name: name.into(),
+                    child: Some(child),
+                    address,
+                    log,
+                });
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                let text = std::fs::read_to_string(&log).unwrap_or_default();
+                return Err(format!(
+                    "{name} exited with {status} before listening:\n{text}"
+                ));
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("{name} did not start listening within 60 s"));
+            }
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
+    /// SIGKILL, and reap.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGTERM, wait up to `timeout`, then SIGKILL. Returns the exit code.
+    pub fn stop(&mut self, timeout: Duration) -> Option<i32> {
+        let mut child = self.child.take()?;
+        // SAFETY: signalling a child we spawned and have not reaped.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = child.try_wait() {
+                return status.code();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        None
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        self.stop(Duration::from_secs(10));
+    }
+}
+
+/// Runs a command to completion; Err carries its stderr.
+pub fn run(cmd: &str, args: &[&str]) -> Result<String, String> {
+    let out = Command::new(cmd)
+        .args(args)
+        .env("LVM_SUPPRESS_FD_WARNINGS", "1")
+        .output()
+        .map_err(|e| format!("{cmd}: {e}"))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(format!(
+            "{cmd} {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+/// A loop device over a sparse file, detached (by its own name) on drop.
+pub struct LoopDevice {
+    pub device: String,
+    pub file: PathBuf,
+}
+
+impl LoopDevice {
+    pub fn new(dir: &Path, size_bytes: u64) -> LoopDevice {
+        require_tool("losetup", "mount");
+        let file = dir.join(unique("pv") + ".img");
+        std::fs::File::create(&file)
+            .and_then(|f| f.set_len(size_bytes))
+            .expect("backing file");
+        let device = run("losetup", &["--find", "--show", file.to_str().unwrap()])
+            .expect("losetup")
+            .trim()
+            .to_string();
+        LoopDevice { device, file }
+    }
+}
+
+impl Drop for LoopDevice {
+    fn drop(&mut self) {
+        let _ = run("losetup", &["-d", &self.device]);
+        let _ = std::fs::remove_file(&self.file);
+    }
+}
+
+/// An LVM volume group on its own loop device, removed on drop.
+pub struct VolumeGroup {
+    pub name: String,
+    pv: LoopDevice,
+}
+
+impl VolumeGroup {
+    pub fn new(dir: &Path, size_bytes: u64) -> VolumeGroup {
+        require_root();
+        require_tool("lvcreate", "lvm2");
+        let pv = LoopDevice::new(dir, size_bytes);
+        let name = unique("ihvg");
+        run("pvcreate", &["-y", &pv.device]).expect("pvcreate");
+        run("vgcreate", &[&name, &pv.device]).expect("vgcreate");
+        VolumeGroup { name, pv }
+    }
+
+    pub fn lv_names(&self) -> Vec<String> {
+        run("lvs", &["--noheadings", "-o", "lv_name", &self.name])
+            .unwrap_or_default()
+            .lines()
+            .map(|l| l.trim().to_string())
+            .filter(|l| !l.is_empty())
+            .collect()
+    }
+
+    pub fn segment_count(&self, lv: &str) -> usize {
+        run(
+            "lvs",
+            &[
+                "--noheadings",
+                "-o",
+                "seg_start_pe",
+                &format!("{}/{lv}", self.name),
+            ],
+        )
+        .expect("lvs")
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .count()
+    }
+
+    pub fn create_lv(&self, lv: &str, size: &str) {
+        run(
+            "lvcreate",
+            &[
+                "--driverloaded",
+                "n",
+                "-y",
+                "-Zn",
+                "-n",
+                lv,
+                "-L",
+                size,
+                &self.name,
+            ],
+        )
+        .expect("lvcreate");
+    }
+
+    pub fn pv_device(&self) -> &str {
+        &self.pv.device
+    }
+}
+
+impl Drop for VolumeGroup {
+    fn drop(&mut self) {
+        for lv in self.lv_names() {
+            let _ = run(
+                "lvremove",
+                &["--driverloaded", "n", "-y", &format!("{}/{lv}", self.name)],
+            );
+        }
+        let _ = run("vgremove", &["--driverloaded", "n", "-y", &self.name]);
+        let _ = run("pvremove", &["-y", &self.pv.device]);
+    }
+}
+
+/// The block content a test writes: derived from (block, version) so any
+/// block read back names which write it came from.
+pub fn pattern(block: u64, version: u64) -> Vec<u8> {
+    let mut out = vec![0u8; BLOCK];
+    out[..8].copy_from_slice(&block.to_le_bytes());
+    out[8..16].copy_from_slice(&version.to_le_bytes());
+    let mut x =
+        block.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ version.wrapping_mul(0xD1B5_4A32_D192_ED03) | 1;
+    for chunk in out[16..].chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let bytes = x.to_le_bytes();
+        chunk.copy_from_slice(&bytes[..chunk.len()]);
+    }
+    out
+}
+
+/// Which version of `block` a read returned: Some(0) for zeroes, Some(v)
+/// for an intact pattern, None for anything else.
+pub fn version_of(block: u64, data: &[u8]) -> Option<u64> {
+    if data.iter().all(|&b| b == 0) {
+        return Some(0);
+    }
+    let version = u64::from_le_bytes(data[8..16].try_into().ok()?);
+    (pattern(block, version) == data).then_some(version)
+}
+
+/// A pipelined client for a replica's `Io` stream: many requests in flight,
+/// responses matched by id.
+#[derive(Clone)]
+pub struct DataStream {
+    tx: mpsc::Sender<IoRequest>,
+    waiting: std::sync::Arc<std::sync::Mutex<HashMap<u64, oneshot::Sender<IoResponse>>>>,
+    next_id: std::sync::Arc<AtomicU64>,
+}
+
+pub async fn connect(address: &str) -> ReplicaClient<Channel> {
+    let endpoint = format!("http://{address}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match ReplicaClient::connect(endpoint.clone()).await {
+            Ok(c) => {
+                return c
+                    .max_decoding_message_size(64 << 20)
+                    .max_encoding_message_size(64 << 20);
+            }
+            Err(e) if Instant::now() > deadline => panic!("connect {endpoint}: {e}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+}
+
+impl DataStream {
+    pub async fn open(client: &mut ReplicaClient<Channel>) -> DataStream {
+        let (tx, rx) = mpsc::channel::<IoRequest>(1024);
+        let mut responses = client
+            .io(ReceiverStream::new(rx))
+            .await
+            .expect("open Io stream")
+            .into_inner();
+        let waiting: std::sync::Arc<std::sync::Mutex<HashMap<u64, oneshot::Sender<IoResponse>>>> =
+            Default::default();
+        let w = waiting.clone();
+        tokio::spawn(async move {
+            while let Ok(Some(resp)) = responses.message().await {
+                if let Some(tx) = w.lock().unwrap().remove(&resp.id) {
+                    let _ = tx.send(resp);
+                }
+            }
+            // Stream ended: dropping the senders fails every waiter.
+            w.lock().unwrap().clear();
+        });
+        DataStream {
+            tx,
+            waiting,
+            next_id: std::sync::Arc::new(AtomicU64::new(1)),
+        }
+    }
+
+    /// Sends one request; the returned receiver yields its response, or an
+    /// error when the stream broke first.
+    pub async fn send(
+        &self,
+        op: IoOp,
+        offset: u64,
+        length: u64,
+        data: Bytes,
+        epoch: u64,
+    ) -> oneshot::Receiver<IoResponse> {
+        let id = self.next_id.fetch_add(1, Ordering::SeqCst);
+        let (tx, rx) = oneshot::channel();
+        self.waiting.lock().unwrap().insert(id, tx);
+        let req = IoRequest {
+            id,
+            op: op as i32,
+            offset,
+            length,
+            data,
+            epoch,
+            fua: false,
+        };
+        if self.tx.send(req).await.is_err() {
+            self.waiting.lock().unwrap().remove(&id);
+        }
+        rx
+    }
+
+    pub async fn call(
+        &self,
+        op: IoOp,
+        offset: u64,
+        length: u64,
+        data: Bytes,
+        epoch: u64,
+    ) -> Result<IoResponse, String> {
+        self.send(op, offset, length, data, epoch)
+            .await
+            .await
+            .map_err(|_| "stream closed".to_string())
+    }
+
+    pub async fn write(&self, offset: u64, data: Vec<u8>, epoch: u64) -> Result<(), String> {
+        let len = data.len() as u64;
+        check(
+            self.call(IoOp::Write, offset, len, data.into(), epoch)
+                .await?,
+        )
+        .map(drop)
+    }
+
+    pub async fn read(&self, offset: u64, length: u64, epoch: u64) -> Result<Bytes, String> {
+        check(
+            self.call(IoOp::Read, offset, length, Bytes::new(), epoch)
+                .await?,
+        )
+    }
+
+    pub async fn flush(&self, epoch: u64) -> Result<(), String> {
+        check(self.call(IoOp::Flush, 0, 0, Bytes::new(), epoch).await?).map(drop)
+    }
+}
+
+/// Ok(data) for a successful response, Err("STATUS: message") otherwise.
+pub fn check(resp: IoResponse) -> Result<Bytes, String> {
+    if resp.status == IoStatus::Ok as i32 {
+        Ok(resp.data)
+    } else {
+        let name = IoStatus::try_from(resp.status)
+            .map(|s| s.as_str_name())
+            .unwrap_or("UNKNOWN");
+        let name = name.strip_prefix("IO_STATUS_").unwrap_or(name);
+        Err(format!("{name}: {}", resp.message))
+    }
+}
+
+/// Starts `ironhorn-replica serve` on a free port.
+pub fn start_replica(
+    name: &str,
+    store: &str,
+    size: &str,
+    dir: &Path,
+    extra: &[&str],
+) -> Result<Process, String> {
+    let mut args: Vec<String> = [
+        "serve",
+        "--store",
+        store,
+        "--size",
+        size,
+        "--listen",
+        "127.0.0.1:0",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.extend(extra.iter().map(|s| s.to_string()));
+    Process::start(name, &binary("ironhorn-replica"), &args, dir)
+}

@@ -1,0 +1,496 @@
+//! The replica binary as a real process: crash consistency under SIGKILL on a
+//! file store and on an LVM store, corruption detection, fencing, LVM
+//! segments and expand, bad input.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ironhorn_proto::replica::{ExpandRequest, InfoRequest, IoOp, SnapshotDeleteRequest};
+use ironhorn_tests::*;
+
+const VOLUME: &str = "64MiB";
+const HOT_BLOCKS: u64 = 2048;
+const EPOCH: u64 = 1;
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// What the test knows about each block of the hot range.
+#[derive(Default)]
+struct Ledger {
+    /// Highest version submitted so far.
+    submitted: Vec<u64>,
+    /// Highest version acknowledged.
+    acked: Vec<u64>,
+    /// Version that was acknowledged before the last completed flush.
+    durable: Vec<u64>,
+}
+
+/// Streams writes and periodic flushes for `run_for`, then SIGKILLs the
+/// replica with requests still in flight.
+async fn write_then_crash(
+    replica: &mut Process,
+    ledger: &Arc<Mutex<Ledger>>,
+    run_for: Duration,
+    seed: u64,
+) {
+    let mut client = connect(&replica.address).await;
+    let stream = DataStream::open(&mut client).await;
+    let limit = Arc::new(tokio::sync::Semaphore::new(48));
+    let mut tasks = tokio::task::JoinSet::new();
+    let start = std::time::Instant::now();
+    let mut x = seed | 1;
+    let mut n = 0u64;
+    while start.elapsed() < run_for {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let count = 1 + (x >> 40) % 4;
+        let first = x % (HOT_BLOCKS - count);
+        let permit = limit.clone().acquire_owned().await.unwrap();
+        let mut data = Vec::with_capacity(count as usize * BLOCK);
+        let versions: Vec<u64> = {
+            let mut l = ledger.lock().unwrap();
+            (first..first + count)
+                .map(|b| {
+                    l.submitted[b as usize] += 1;
+                    l.submitted[b as usize]
+                })
+                .collect()
+        };
+        for (i, v) in versions.iter().enumerate() {
+            data.extend(pattern(first + i as u64, *v));
+        }
+        // Sent here, in version order; only the wait runs in a task.
+        let pending = stream
+            .send(
+                IoOp::Write,
+                first * BLOCK as u64,
+                data.len() as u64,
+                data.into(),
+                EPOCH,
+            )
+            .await;
+        let l = ledger.clone();
+        tasks.spawn(async move {
+            if pending.await.map(check).is_ok_and(|r| r.is_ok()) {
+                let mut l = l.lock().unwrap();
+                for (i, v) in versions.iter().enumerate() {
+                    let b = (first + i as u64) as usize;
+                    l.acked[b] = l.acked[b].max(*v);
+                }
+            }
+            drop(permit);
+        });
+        n += 1;
+        if n % 150 == 0 {
+            let (s, l) = (stream.clone(), ledger.clone());
+            tasks.spawn(async move {
+                let before = l.lock().unwrap().acked.clone();
+                if s.flush(EPOCH).await.is_ok() {
+                    let mut l = l.lock().unwrap();
+                    for (d, a) in l.durable.iter_mut().zip(before) {
+                        *d = (*d).max(a);
+                    }
+                }
+            });
+        }
+    }
+    replica.kill9();
+    while tasks.join_next().await.is_some() {}
+    assert!(n > 300, "only {n} writes were issued before the crash");
+}
+
+/// Every block reads as a version at least as new as the durable one, and
+/// one that was really written; then that version counts as durable.
+async fn verify_after_crash(replica: &Process, ledger: &Arc<Mutex<Ledger>>) {
+    let mut client = connect(&replica.address).await;
+    let info = client.info(InfoRequest {}).await.unwrap().into_inner();
+    assert!(
+        !info.clean_at_open,
+        "a SIGKILLed store must not report a clean shutdown"
+    );
+    let stream = DataStream::open(&mut client).await;
+    let chunk = 256u64;
+    let mut l = ledger.lock().unwrap();
+    let mut newer = 0;
+    for start in (0..HOT_BLOCKS).step_by(chunk as usize) {
+        let data = stream
+            .read(start * BLOCK as u64, chunk * BLOCK as u64, EPOCH)
+            .await
+            .expect("read after restart");
+        for i in 0..chunk {
+            let b = start + i;
+            let got = version_of(b, &data[(i as usize) * BLOCK..(i as usize + 1) * BLOCK]);
+            let durable = l.durable[b as usize];
+            let submitted = l.submitted[b as usize];
+            match got {
+                Some(v) if v >= durable && v <= submitted => {
+                    if v > durable {
+                        newer += 1;
+                    }
+                    l.durable[b as usize] = v;
+                    l.acked[b as usize] = v;
+                }
+                Some(v) => panic!(
+                    "block {b}: read version {v}, but version {durable} was flushed (submitted up to {submitted})"
+                ),
+                None => panic!("block {b}: content matches no write (durable version {durable})"),
+            }
+        }
+    }
+    eprintln!("verified {HOT_BLOCKS} blocks; {newer} hold writes newer than the last flush");
+}
+
+fn crash_cycles(store: &str, dir: &TempDir, cycles: u64) {
+    let rt = runtime();
+    let ledger = Arc::new(Mutex::new(Ledger {
+        submitted: vec![0; HOT_BLOCKS as usize],
+        acked: vec![0; HOT_BLOCKS as usize],
+        durable: vec![0; HOT_BLOCKS as usize],
+    }));
+    let mut replica = start_replica("replica", store, VOLUME, dir.path(), &[]).unwrap();
+    for cycle in 0..cycles {
+        rt.block_on(write_then_crash(
+            &mut replica,
+            &ledger,
+            Duration::from_millis(1200 + 300 * cycle),
+            0x1234 + cycle,
+        ));
+        replica = start_replica("replica", store, VOLUME, dir.path(), &[]).unwrap();
+        rt.block_on(verify_after_crash(&replica, &ledger));
+    }
+    assert_eq!(
+        replica.stop(Duration::from_secs(20)),
+        Some(0),
+        "replica exits 0 on SIGTERM"
+    );
+}
+
+#[test]
+fn sigkill_mid_stream_keeps_flushed_writes_on_a_file_store() {
+    let dir = TempDir::new("crash-file");
+    let store = format!("file:{}", dir.path().join("r.img").display());
+    crash_cycles(&store, &dir, 3);
+}
+
+#[test]
+fn sigkill_mid_stream_keeps_flushed_writes_on_an_lvm_store() {
+    let dir = TempDir::new("crash-lvm");
+    let vg = VolumeGroup::new(dir.path(), 256 << 20);
+    let store = format!("lvm:{}/crash", vg.name);
+    crash_cycles(&store, &dir, 3);
+    assert!(vg.lv_names().contains(&"crash".to_string()));
+}
+
+#[test]
+fn a_flipped_byte_is_reported_with_its_offset() {
+    let dir = TempDir::new("corrupt");
+    let path = dir.path().join("r.img");
+    let store = format!("file:{}", path.display());
+    let rt = runtime();
+    let mut replica = start_replica("replica", &store, VOLUME, dir.path(), &[]).unwrap();
+    let target = 77u64;
+    rt.block_on(async {
+        let mut client = connect(&replica.address).await;
+        let s = DataStream::open(&mut client).await;
+        for b in 70..80 {
+            s.write(b * BLOCK as u64, pattern(b, 1), EPOCH)
+                .await
+                .unwrap();
+        }
+        s.flush(EPOCH).await.unwrap();
+    });
+    assert_eq!(replica.stop(Duration::from_secs(20)), Some(0));
+
+    // Find the block's bytes in the raw store and flip one byte.
+    let mut raw = std::fs::read(&path).unwrap();
+    let needle = pattern(target, 1);
+    let at = raw
+        .chunks(BLOCK)
+        .position(|c| c == &needle[..])
+        .expect("the written block is somewhere in the store");
+    raw[at * BLOCK + 1000] ^= 0x40;
+    std::fs::write(&path, &raw).unwrap();
+
+    let replica = start_replica("replica", &store, VOLUME, dir.path(), &[]).unwrap();
+    rt.block_on(async {
+        let mut client = connect(&replica.address).await;
+        let s = DataStream::open(&mut client).await;
+        let err = s
+            .read(target * BLOCK as u64, BLOCK as u64, EPOCH)
+            .await
+            .expect_err("corrupt block must not read");
+        let offset = (target * BLOCK as u64).to_string();
+        assert!(
+            err.contains("IO_ERROR") && err.contains(&offset),
+            "error names the offset: {err}"
+        );
+        // A range that includes it fails too; its neighbours still read.
+        assert!(
+            s.read(70 * BLOCK as u64, 10 * BLOCK as u64, EPOCH)
+                .await
+                .is_err()
+        );
+        for b in (70..80).filter(|b| *b != target) {
+            let data = s.read(b * BLOCK as u64, BLOCK as u64, EPOCH).await.unwrap();
+            assert_eq!(version_of(b, &data), Some(1));
+        }
+    });
+}
+
+#[test]
+fn an_older_epoch_is_fenced_and_changes_nothing() {
+    let dir = TempDir::new("fence");
+    let store = format!("file:{}", dir.path().join("r.img").display());
+    let rt = runtime();
+    let mut replica = start_replica("replica", &store, VOLUME, dir.path(), &[]).unwrap();
+    rt.block_on(async {
+        let mut client = connect(&replica.address).await;
+        let s = DataStream::open(&mut client).await;
+        s.write(0, pattern(0, 5), 5).await.unwrap();
+        let err = s
+            .write(0, pattern(0, 4), 4)
+            .await
+            .expect_err("epoch 4 after 5");
+        assert!(err.starts_with("FENCED"), "{err}");
+        assert!(
+            s.read(0, BLOCK as u64, 4)
+                .await
+                .unwrap_err()
+                .starts_with("FENCED")
+        );
+        assert!(s.flush(4).await.unwrap_err().starts_with("FENCED"));
+        let data = s.read(0, BLOCK as u64, 5).await.unwrap();
+        assert_eq!(version_of(0, &data), Some(5));
+        s.flush(5).await.unwrap();
+    });
+    // The epoch is durable: after a crash epoch 4 is still refused.
+    replica.kill9();
+    let replica = start_replica("replica", &store, VOLUME, dir.path(), &[]).unwrap();
+    rt.block_on(async {
+        let mut client = connect(&replica.address).await;
+        let info = client.info(InfoRequest {}).await.unwrap().into_inner();
+        assert_eq!(info.highest_epoch, 5);
+        let s = DataStream::open(&mut client).await;
+        assert!(
+            s.write(0, pattern(0, 4), 4)
+                .await
+                .unwrap_err()
+                .starts_with("FENCED")
+        );
+        let data = s.read(0, BLOCK as u64, 6).await.unwrap();
+        assert_eq!(version_of(0, &data), Some(5));
+    });
+}
+
+#[test]
+fn lvm_store_with_a_second_segment_survives_restart_and_delete_removes_it() {
+    let dir = TempDir::new("lvm");
+    let vg = VolumeGroup::new(dir.path(), 512 << 20);
+    let store = format!("lvm:{}/r1", vg.name);
+    let rt = runtime();
+    let mut replica = start_replica("replica", &store, "32MiB", dir.path(), &[]).unwrap();
+    assert_eq!(
+        vg.lv_names(),
+        vec!["r1".to_string()],
+        "serve created the LV"
+    );
+    // Another LV right behind r1 forces r1's growth into a second segment.
+    vg.create_lv("blocker", "8m");
+    let blocks = 16384u64; // 64 MiB after expand
+    rt.block_on(async {
+        let mut client = connect(&replica.address).await;
+        let s = DataStream::open(&mut client).await;
+        for b in (0..8192).step_by(97) {
+            s.write(b * BLOCK as u64, pattern(b, 1), EPOCH)
+                .await
+                .unwrap();
+        }
+        s.flush(EPOCH).await.unwrap();
+        let info = client
+            .expand(ExpandRequest {
+                size_bytes: blocks * BLOCK as u64,
+                epoch: EPOCH,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(info.size_bytes, blocks * BLOCK as u64);
+        // Fill the whole volume so the data spans both segments.
+        for start in (0..blocks).step_by(256) {
+            let data: Vec<u8> = (start..start + 256).flat_map(|b| pattern(b, 2)).collect();
+            s.write(start * BLOCK as u64, data, EPOCH).await.unwrap();
+        }
+        s.flush(EPOCH).await.unwrap();
+    });
+    assert!(vg.segment_count("r1") >= 2, "r1 grew into a second segment");
+    assert_eq!(replica.stop(Duration::from_secs(20)), Some(0));
+
+    // Restart with the wrong size: refused, one line, exit code != 0.
+    let err = start_replica("replica-wrong", &store, "32MiB", dir.path(), &[])
+        .err()
+        .expect("size mismatch refused");
+    assert!(err.contains("use expand"), "{err}");
+
+    let mut replica = start_replica("replica", &store, "64MiB", dir.path(), &[]).unwrap();
+    rt.block_on(async {
+        let mut client = connect(&replica.address).await;
+        let info = client.info(InfoRequest {}).await.unwrap().into_inner();
+        assert!(info.clean_at_open);
+        let s = DataStream::open(&mut client).await;
+        for start in (0..blocks).step_by(256) {
+            let data = s
+                .read(start * BLOCK as u64, 256 * BLOCK as u64, EPOCH)
+                .await
+                .unwrap();
+            for i in 0..256u64 {
+                let b = start + i;
+                assert_eq!(
+                    version_of(b, &data[i as usize * BLOCK..(i as usize + 1) * BLOCK]),
+                    Some(2),
+                    "block {b}"
+                );
+            }
+        }
+    });
+    assert_eq!(replica.stop(Duration::from_secs(20)), Some(0));
+    run(
+        binary("ironhorn-replica").to_str().unwrap(),
+        &["delete", "--store", &store],
+    )
+    .expect("delete");
+    assert_eq!(
+        vg.lv_names(),
+        vec!["blocker".to_string()],
+        "delete removed the LV"
+    );
+}
+
+#[test]
+fn bad_store_arguments_fail_with_one_line() {
+    let dir = TempDir::new("badargs");
+    let bin = binary("ironhorn-replica");
+    let bin = bin.to_str().unwrap();
+    let vg = VolumeGroup::new(dir.path(), 64 << 20);
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (
+            vec![
+                "serve".into(),
+                "--store".into(),
+                "disk:/x".into(),
+                "--size".into(),
+                "1GiB".into(),
+            ],
+            "expected file:PATH or lvm:VG/LV",
+        ),
+        (
+            vec![
+                "serve".into(),
+                "--store".into(),
+                "lvm:nosuchvg9/lv".into(),
+                "--size".into(),
+                "16MiB".into(),
+                "--listen".into(),
+                "127.0.0.1:0".into(),
+            ],
+            "nosuchvg9",
+        ),
+        (
+            vec![
+                "serve".into(),
+                "--store".into(),
+                format!("lvm:{}/big", vg.name),
+                "--size".into(),
+                "1GiB".into(),
+                "--listen".into(),
+                "127.0.0.1:0".into(),
+            ],
+            "free",
+        ),
+        (
+            vec![
+                "serve".into(),
+                "--store".into(),
+                "file:/tmp/x.img".into(),
+                "--size".into(),
+                "12XB".into(),
+            ],
+            "unknown unit",
+        ),
+        (
+            vec![
+                "delete".into(),
+                "--store".into(),
+                format!("lvm:{}/absent", vg.name),
+            ],
+            "not found",
+        ),
+    ];
+    for (args, expect) in cases {
+        let out = std::process::Command::new(bin)
+            .args(&args)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?} must fail");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains(expect),
+            "{args:?}: stderr {stderr:?} should say {expect:?}"
+        );
+    }
+    assert!(vg.lv_names().is_empty(), "no half-created LV remains");
+}
+
+#[test]
+fn bad_requests_get_errors_and_the_replica_keeps_serving() {
+    let dir = TempDir::new("badreq");
+    let store = format!("file:{}", dir.path().join("r.img").display());
+    let rt = runtime();
+    let _replica = {
+        let r = start_replica("replica", &store, "16MiB", dir.path(), &[]).unwrap();
+        rt.block_on(async {
+            let mut client = connect(&r.address).await;
+            let s = DataStream::open(&mut client).await;
+            s.write(0, pattern(0, 1), EPOCH).await.unwrap();
+            let past_end = s.read(16 << 20, BLOCK as u64, EPOCH).await.unwrap_err();
+            assert!(past_end.starts_with("INVALID_ARGUMENT"), "{past_end}");
+            let unaligned = s.write(100, pattern(0, 2), EPOCH).await.unwrap_err();
+            assert!(unaligned.starts_with("INVALID_ARGUMENT"), "{unaligned}");
+            let empty = s.write(0, Vec::new(), EPOCH).await.unwrap_err();
+            assert!(empty.starts_with("INVALID_ARGUMENT"), "{empty}");
+            let unknown = check(
+                s.call(IoOp::Unspecified, 0, 0, Default::default(), EPOCH)
+                    .await
+                    .unwrap(),
+            )
+            .unwrap_err();
+            assert!(unknown.starts_with("INVALID_ARGUMENT"), "{unknown}");
+            let missing = client
+                .snapshot_delete(SnapshotDeleteRequest {
+                    name: "nope".into(),
+                    epoch: EPOCH,
+                })
+                .await
+                .unwrap_err();
+            assert_eq!(missing.code(), tonic::Code::NotFound);
+            let shrink = client
+                .expand(ExpandRequest {
+                    size_bytes: 4096,
+                    epoch: EPOCH,
+                })
+                .await
+                .unwrap_err();
+            assert_eq!(shrink.code(), tonic::Code::InvalidArgument);
+            // Still serving, data intact.
+            let data = s.read(0, BLOCK as u64, EPOCH).await.unwrap();
+            assert_eq!(version_of(0, &data), Some(1));
+        });
+        r
+    };
+}
