@@ -32,24 +32,16 @@ impl std::str::FromStr for StoreLocation {
             return Ok(Self::File(PathBuf::from(path)));
         }
         if let Some(rest) = s.strip_prefix("lvm:") {
-            let (vg, lv) = rest
-                .split_once('/')
-                .ok_or_else(|| format!("store {s:?}: expected lvm:VG/LV"))?;
+            let (vg, lv) = rest.split_once('/').ok_or_else(|| format!("store {s:?}: expected lvm:VG/LV"))?;
             let valid = |n: &str| {
                 !n.is_empty()
                     && !n.starts_with('-')
-                    && n.chars()
-                        .all(|c| c.is_ascii_alphanumeric() || "+_.-".contains(c))
+                    && n.chars().all(|c| c.is_ascii_alphanumeric() || "+_.-".contains(c))
             };
             if !valid(vg) || !valid(lv) {
-                return Err(format!(
-                    "store {s:?}: VG and LV names may hold only letters, digits and +_.-"
-                ));
+                return Err(format!("store {s:?}: VG and LV names may hold only letters, digits and +_.-"));
             }
-            return Ok(Self::Lvm {
-                vg: vg.into(),
-                lv: lv.into(),
-            });
+            return Ok(Self::Lvm { vg: vg.into(), lv: lv.into() });
         }
         Err(format!("store {s:?}: expected file:PATH or lvm:VG/LV"))
     }
@@ -82,11 +74,7 @@ pub struct Device {
 }
 
 pub(crate) fn open_direct(path: &std::path::Path) -> io::Result<File> {
-    OpenOptions::new()
-        .read(true)
-        .write(true)
-        .custom_flags(libc::O_DIRECT)
-        .open(path)
+    OpenOptions::new().read(true).write(true).custom_flags(libc::O_DIRECT).open(path)
 }
 
 impl Device {
@@ -115,28 +103,14 @@ impl Device {
             StoreLocation::File(p) => {
                 let file = open_direct(p)?;
                 let length = file.metadata()?.len();
-                (
-                    vec![file],
-                    vec![Segment {
-                        logical_start: 0,
-                        length,
-                        file: 0,
-                        physical_start: 0,
-                    }],
-                )
+                (vec![file], vec![Segment { logical_start: 0, length, file: 0, physical_start: 0 }])
             }
             StoreLocation::Lvm { vg, lv } => lvm::lv_map(vg, lv)?,
         };
         let size_bytes = segments.iter().map(|s| s.length).sum();
         let files = files.into_iter().map(Arc::new).collect();
         let backend = Backend::new(kind, files)?;
-        Ok(Self {
-            location: location.clone(),
-            backend,
-            segments,
-            size_bytes,
-            kind,
-        })
+        Ok(Self { location: location.clone(), backend, segments, size_bytes, kind })
     }
 
     /// Grows the byte range to at least `size_bytes` and reopens the mapping.
@@ -181,16 +155,10 @@ impl Device {
 
     /// Splits [offset, offset+len) into (file, physical offset, buffer range).
     fn pieces(&self, offset: u64, len: u64) -> io::Result<Vec<(usize, u64, usize, usize)>> {
-        if offset % IO_ALIGN as u64 != 0
-            || len % IO_ALIGN as u64 != 0
-            || offset + len > self.size_bytes
-        {
+        if offset % IO_ALIGN as u64 != 0 || len % IO_ALIGN as u64 != 0 || offset + len > self.size_bytes {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
-                format!(
-                    "device I/O at {offset}+{len} outside {} or unaligned",
-                    self.size_bytes
-                ),
+                format!("device I/O at {offset}+{len} outside {} or unaligned", self.size_bytes),
             ));
         }
         let mut out = Vec::with_capacity(1);
@@ -202,12 +170,7 @@ impl Device {
                 continue;
             }
             let take = (end.min(seg_end)) - at;
-            out.push((
-                seg.file,
-                seg.physical_start + (at - seg.logical_start),
-                (at - offset) as usize,
-                take as usize,
-            ));
+            out.push((seg.file, seg.physical_start + (at - seg.logical_start), (at - offset) as usize, take as usize));
             at += take;
             if at == end {
                 break;
@@ -224,10 +187,7 @@ impl Device {
         }
         let mut buf = buf;
         for (file, phys, start, len) in pieces {
-            let part = self
-                .backend
-                .read(file, phys, AlignedBuf::zeroed(len))
-                .await?;
+            let part = self.backend.read(file, phys, AlignedBuf::zeroed(len)).await?;
             buf[start..start + len].copy_from_slice(&part);
         }
         Ok(buf)
@@ -239,9 +199,7 @@ impl Device {
             return self.backend.write(file, phys, buf).await;
         }
         for (file, phys, start, len) in pieces {
-            self.backend
-                .write(file, phys, AlignedBuf::from_slice(&buf[start..start + len]))
-                .await?;
+            self.backend.write(file, phys, AlignedBuf::from_slice(&buf[start..start + len])).await?;
         }
         Ok(buf)
     }
@@ -257,31 +215,13 @@ mod tests {
 
     #[test]
     fn parses_locations() {
-        assert_eq!(
-            "file:/tmp/x".parse::<StoreLocation>(),
-            Ok(StoreLocation::File("/tmp/x".into()))
-        );
+        assert_eq!("file:/tmp/x".parse::<StoreLocation>(), Ok(StoreLocation::File("/tmp/x".into())));
         assert_eq!(
             "lvm:vg0/r-1".parse::<StoreLocation>(),
-            Ok(StoreLocation::Lvm {
-                vg: "vg0".into(),
-                lv: "r-1".into()
-            })
+            Ok(StoreLocation::Lvm { vg: "vg0".into(), lv: "r-1".into() })
         );
-        for bad in [
-            "",
-            "file:",
-            "lvm:vg",
-            "lvm:/lv",
-            "lvm:vg/",
-            "disk:/x",
-            "lvm:v g/l",
-            "lvm:-vg/lv",
-        ] {
-            assert!(
-                bad.parse::<StoreLocation>().is_err(),
-                "{bad:?} must be rejected"
-            );
+        for bad in ["", "file:", "lvm:vg", "lvm:/lv", "lvm:vg/", "disk:/x", "lvm:v g/l", "lvm:-vg/lv"] {
+            assert!(bad.parse::<StoreLocation>().is_err(), "{bad:?} must be rejected");
         }
     }
 }

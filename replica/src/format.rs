@@ -108,17 +108,13 @@ fn seal(block: &mut [u8]) {
 
 fn sealed(block: &[u8]) -> bool {
     let n = block.len();
-    n == BLOCK
-        && u32::from_le_bytes(block[n - 4..].try_into().expect("4 bytes")) == block_crc(block)
+    n == BLOCK && u32::from_le_bytes(block[n - 4..].try_into().expect("4 bytes")) == block_crc(block)
 }
 
 impl Superblock {
     pub fn encode(&self) -> Vec<u8> {
         let mut block = vec![0u8; BLOCK];
-        let mut w = Writer {
-            buf: &mut block,
-            at: 0,
-        };
+        let mut w = Writer { buf: &mut block, at: 0 };
         w.u64(SUPER_MAGIC);
         w.u32(FORMAT_VERSION);
         w.u32(BLOCK_SIZE as u32);
@@ -195,12 +191,7 @@ pub enum SlotContent {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Record {
     /// Layer maps `lba` to physical block `pba` whose content has crc32 `crc`.
-    Map {
-        layer: u64,
-        lba: u64,
-        pba: u64,
-        crc: u32,
-    },
+    Map { layer: u64, lba: u64, pba: u64, crc: u32 },
     /// Layer maps `lba` to zeroes (hides older layers).
     Zero { layer: u64, lba: u64 },
     /// Layer no longer maps `lba` (reads fall through).
@@ -215,12 +206,7 @@ pub const RECORDS_PER_JOURNAL_BLOCK: usize = (BLOCK - JOURNAL_HEADER_BYTES - 4) 
 impl Record {
     fn encode(&self, w: &mut Writer<'_>) {
         let (kind, layer, lba, pba, crc) = match *self {
-            Record::Map {
-                layer,
-                lba,
-                pba,
-                crc,
-            } => (1u8, layer, lba, pba, crc),
+            Record::Map { layer, lba, pba, crc } => (1u8, layer, lba, pba, crc),
             Record::Zero { layer, lba } => (2, layer, lba, 0, 0),
             Record::Unmap { layer, lba } => (3, layer, lba, 0, 0),
         };
@@ -240,12 +226,7 @@ impl Record {
         let lba = r.u64()?;
         let pba = r.u64()?;
         match kind {
-            1 => Some(Record::Map {
-                layer,
-                lba,
-                pba,
-                crc,
-            }),
+            1 => Some(Record::Map { layer, lba, pba, crc }),
             2 => Some(Record::Zero { layer, lba }),
             3 => Some(Record::Unmap { layer, lba }),
             _ => None,
@@ -267,10 +248,7 @@ impl JournalBlock {
     pub fn encode(&self, store_id: u64) -> Vec<u8> {
         assert!(self.records.len() <= RECORDS_PER_JOURNAL_BLOCK);
         let mut block = vec![0u8; BLOCK];
-        let mut w = Writer {
-            buf: &mut block,
-            at: 0,
-        };
+        let mut w = Writer { buf: &mut block, at: 0 };
         w.u64(JOURNAL_MAGIC);
         w.u64(store_id);
         w.u64(self.generation);
@@ -302,15 +280,8 @@ impl JournalBlock {
         if count > RECORDS_PER_JOURNAL_BLOCK {
             return None;
         }
-        let records = (0..count)
-            .map(|_| Record::decode(&mut r))
-            .collect::<Option<Vec<_>>>()?;
-        Some(JournalBlock {
-            generation,
-            index,
-            revision,
-            records,
-        })
+        let records = (0..count).map(|_| Record::decode(&mut r)).collect::<Option<Vec<_>>>()?;
+        Some(JournalBlock { generation, index, revision, records })
     }
 }
 
@@ -358,10 +329,7 @@ impl CheckpointImage {
                 .sum::<usize>()
             + 4;
         let mut out = vec![0u8; size];
-        let mut w = Writer {
-            buf: &mut out,
-            at: 0,
-        };
+        let mut w = Writer { buf: &mut out, at: 0 };
         w.u64(self.revision);
         w.u64(self.next_layer_id);
         w.u32(self.layers.len() as u32);
@@ -404,22 +372,12 @@ impl CheckpointImage {
                 let crc = r.u32()?;
                 entries.push((lba, Entry { pba, crc }));
             }
-            layers.push(LayerImage {
-                id,
-                name,
-                created_unix_ms,
-                size_bytes,
-                entries,
-            });
+            layers.push(LayerImage { id, name, created_unix_ms, size_bytes, entries });
         }
         if layers.is_empty() {
             return None;
         }
-        Some(CheckpointImage {
-            revision,
-            next_layer_id,
-            layers,
-        })
+        Some(CheckpointImage { revision, next_layer_id, layers })
     }
 }
 
@@ -431,10 +389,7 @@ pub fn checkpoint_blocks(store_id: u64, blob: &[u8], pbas: &[u64]) -> Vec<(u64, 
         .enumerate()
         .map(|(i, chunk)| {
             let mut block = vec![0u8; BLOCK];
-            let mut w = Writer {
-                buf: &mut block,
-                at: 0,
-            };
+            let mut w = Writer { buf: &mut block, at: 0 };
             w.u64(CHECKPOINT_MAGIC);
             w.u64(store_id);
             w.u64(i as u64);
@@ -511,14 +466,12 @@ mod tests {
 
     fn record() -> impl Strategy<Value = Record> {
         prop_oneof![
-            (any::<u64>(), any::<u64>(), any::<u64>(), any::<u32>()).prop_map(
-                |(layer, lba, pba, crc)| Record::Map {
-                    layer,
-                    lba,
-                    pba,
-                    crc
-                }
-            ),
+            (any::<u64>(), any::<u64>(), any::<u64>(), any::<u32>()).prop_map(|(layer, lba, pba, crc)| Record::Map {
+                layer,
+                lba,
+                pba,
+                crc
+            }),
             (any::<u64>(), any::<u64>()).prop_map(|(layer, lba)| Record::Zero { layer, lba }),
             (any::<u64>(), any::<u64>()).prop_map(|(layer, lba)| Record::Unmap { layer, lba }),
         ]

@@ -41,10 +41,7 @@ unsafe impl Sync for AlignedBuf {}
 impl AlignedBuf {
     /// A zeroed buffer of `len` bytes; `len` must be a multiple of [`IO_ALIGN`].
     pub fn zeroed(len: usize) -> Self {
-        assert!(
-            len > 0 && len % IO_ALIGN == 0,
-            "aligned buffer length {len}"
-        );
+        assert!(len > 0 && len % IO_ALIGN == 0, "aligned buffer length {len}");
         let layout = Layout::from_size_align(len, IO_ALIGN).expect("layout");
         // SAFETY: layout has non-zero size.
         let ptr = unsafe { alloc_zeroed(layout) };
@@ -115,9 +112,7 @@ impl std::str::FromStr for BackendKind {
         match s {
             "uring" | "io_uring" => Ok(Self::Uring),
             "pread" => Ok(Self::Pread),
-            other => Err(format!(
-                "unknown I/O backend {other:?} (expected uring or pread)"
-            )),
+            other => Err(format!("unknown I/O backend {other:?} (expected uring or pread)")),
         }
     }
 }
@@ -139,10 +134,7 @@ impl Backend {
     /// Reads `buf.len()` bytes of file `file` at `offset` into `buf`.
     pub async fn read(&self, file: usize, offset: u64, buf: AlignedBuf) -> io::Result<AlignedBuf> {
         match self {
-            Self::Uring(u) => u
-                .submit(Op::Read, file, offset, Some(buf))
-                .await
-                .map(|b| b.expect("buffer")),
+            Self::Uring(u) => u.submit(Op::Read, file, offset, Some(buf)).await.map(|b| b.expect("buffer")),
             Self::Pread(p) => p.read(file, offset, buf).await,
         }
     }
@@ -150,10 +142,7 @@ impl Backend {
     /// Writes all of `buf` to file `file` at `offset`; returns the buffer.
     pub async fn write(&self, file: usize, offset: u64, buf: AlignedBuf) -> io::Result<AlignedBuf> {
         match self {
-            Self::Uring(u) => u
-                .submit(Op::Write, file, offset, Some(buf))
-                .await
-                .map(|b| b.expect("buffer")),
+            Self::Uring(u) => u.submit(Op::Write, file, offset, Some(buf)).await.map(|b| b.expect("buffer")),
             Self::Pread(p) => p.write(file, offset, buf).await,
         }
     }
@@ -197,12 +186,8 @@ impl PreadIo {
     }
 }
 
-async fn blocking<T: Send + 'static>(
-    job: impl FnOnce() -> io::Result<T> + Send + 'static,
-) -> io::Result<T> {
-    tokio::task::spawn_blocking(job)
-        .await
-        .map_err(|e| io::Error::other(format!("I/O task failed: {e}")))?
+async fn blocking<T: Send + 'static>(job: impl FnOnce() -> io::Result<T> + Send + 'static) -> io::Result<T> {
+    tokio::task::spawn_blocking(job).await.map_err(|e| io::Error::other(format!("I/O task failed: {e}")))?
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -226,6 +211,10 @@ struct UringShared {
     queue: Mutex<VecDeque<Request>>,
     wake: OwnedFd,
     stop: AtomicBool,
+    /// Set while the ring thread waits with nothing in flight: only then
+    /// does a new request need the eventfd to wake it. With I/O in flight,
+    /// the next completion wakes it and it drains the queue (batching).
+    idle: AtomicBool,
 }
 
 impl UringShared {
@@ -262,17 +251,14 @@ impl UringIo {
             queue: Mutex::new(VecDeque::new()),
             wake,
             stop: AtomicBool::new(false),
+            idle: AtomicBool::new(false),
         });
         let file_count = files.len();
         let thread_shared = shared.clone();
         let thread = std::thread::Builder::new()
             .name("ironhorn-uring".into())
             .spawn(move || ring_loop(ring, thread_shared, files))?;
-        Ok(Self {
-            shared,
-            thread: Some(thread),
-            file_count,
-        })
+        Ok(Self { shared, thread: Some(thread), file_count })
     }
 
     async fn submit(
@@ -284,20 +270,9 @@ impl UringIo {
     ) -> io::Result<Option<AlignedBuf>> {
         assert!(file < self.file_count, "file index {file} out of range");
         let (reply, done) = oneshot::channel();
-        self.shared
-            .queue
-            .lock()
-            .expect("uring queue poisoned")
-            .push_back(Request {
-                op,
-                file,
-                offset,
-                buf,
-                reply,
-            });
+        self.shared.queue.lock().expect("uring queue poisoned").push_back(Request { op, file, offset, buf, reply });
         self.shared.kick();
-        done.await
-            .map_err(|_| io::Error::other("io_uring thread stopped"))?
+        done.await.map_err(|_| io::Error::other("io_uring thread stopped"))?
     }
 }
 
@@ -324,10 +299,9 @@ fn ring_loop(mut ring: io_uring::IoUring, shared: Arc<UringShared>, files: Vec<A
 
     loop {
         if !wake_armed {
-            let sqe =
-                opcode::Read::new(types::Fd(shared.wake.as_raw_fd()), wake_buf.as_mut_ptr(), 8)
-                    .build()
-                    .user_data(WAKE_TOKEN);
+            let sqe = opcode::Read::new(types::Fd(shared.wake.as_raw_fd()), wake_buf.as_mut_ptr(), 8)
+                .build()
+                .user_data(WAKE_TOKEN);
             // SAFETY: wake_buf outlives the ring loop; the ring has room
             // because at most RING_ENTRIES - 1 requests are queued below.
             if unsafe { ring.submission().push(&sqe) }.is_ok() {
@@ -343,19 +317,13 @@ fn ring_loop(mut ring: io_uring::IoUring, shared: Arc<UringShared>, files: Vec<A
             let sqe = match req.op {
                 Op::Read => {
                     let buf = req.buf.as_mut().expect("read buffer");
-                    opcode::Read::new(fd, buf.as_mut_ptr(), buf.len() as u32)
-                        .offset(req.offset)
-                        .build()
+                    opcode::Read::new(fd, buf.as_mut_ptr(), buf.len() as u32).offset(req.offset).build()
                 }
                 Op::Write => {
                     let buf = req.buf.as_ref().expect("write buffer");
-                    opcode::Write::new(fd, buf.as_ptr(), buf.len() as u32)
-                        .offset(req.offset)
-                        .build()
+                    opcode::Write::new(fd, buf.as_ptr(), buf.len() as u32).offset(req.offset).build()
                 }
-                Op::Sync => opcode::Fsync::new(fd)
-                    .flags(types::FsyncFlags::DATASYNC)
-                    .build(),
+                Op::Sync => opcode::Fsync::new(fd).flags(types::FsyncFlags::DATASYNC).build(),
             };
             let slot = free_slots.pop().unwrap_or_else(|| {
                 slots.push(None);
@@ -375,26 +343,28 @@ fn ring_loop(mut ring: io_uring::IoUring, shared: Arc<UringShared>, files: Vec<A
         if shared.stop.load(Ordering::SeqCst) && in_flight == 0 && backlog.is_empty() {
             return;
         }
-        if let Err(e) = ring.submit_and_wait(1) {
+        if in_flight == 0 {
+            // Announce idleness, then look again: a request queued before
+            // the flag was visible is seen here; one queued after kicks.
+            shared.idle.store(true, Ordering::SeqCst);
+            if !shared.queue.lock().expect("uring queue poisoned").is_empty() {
+                shared.idle.store(false, Ordering::SeqCst);
+                continue;
+            }
+        }
+        let waited = ring.submit_and_wait(1);
+        shared.idle.store(false, Ordering::SeqCst);
+        if let Err(e) = waited {
             if e.raw_os_error() == Some(libc::EINTR) {
                 continue;
             }
             // The ring itself failed: fail everything so no caller waits forever.
-            for req in slots
-                .iter_mut()
-                .filter_map(Option::take)
-                .chain(backlog.drain(..))
-            {
-                let _ = req
-                    .reply
-                    .send(Err(io::Error::new(e.kind(), format!("io_uring: {e}"))));
+            for req in slots.iter_mut().filter_map(Option::take).chain(backlog.drain(..)) {
+                let _ = req.reply.send(Err(io::Error::new(e.kind(), format!("io_uring: {e}"))));
             }
             return;
         }
-        let completions: Vec<(u64, i32)> = ring
-            .completion()
-            .map(|c| (c.user_data(), c.result()))
-            .collect();
+        let completions: Vec<(u64, i32)> = ring.completion().map(|c| (c.user_data(), c.result())).collect();
         for (token, result) in completions {
             if token == WAKE_TOKEN {
                 wake_armed = false;
@@ -410,10 +380,7 @@ fn ring_loop(mut ring: io_uring::IoUring, shared: Arc<UringShared>, files: Vec<A
             } else if (result as usize) != expected {
                 Err(io::Error::new(
                     io::ErrorKind::UnexpectedEof,
-                    format!(
-                        "short {:?} at {}: {} of {} bytes",
-                        req.op, req.offset, result, expected
-                    ),
+                    format!("short {:?} at {}: {} of {} bytes", req.op, req.offset, result, expected),
                 ))
             } else {
                 Ok(req.buf)
@@ -428,33 +395,18 @@ mod tests {
     use super::*;
 
     async fn round_trip(kind: BackendKind) {
-        let path =
-            std::env::temp_dir().join(format!("ironhorn-io-{}-{kind:?}", std::process::id()));
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .unwrap();
+        let path = std::env::temp_dir().join(format!("ironhorn-io-{}-{kind:?}", std::process::id()));
+        let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).unwrap();
         file.set_len(1 << 20).unwrap();
         let backend = Backend::new(kind, vec![Arc::new(file)]).unwrap();
         let mut data = AlignedBuf::zeroed(8192);
-        data.iter_mut()
-            .enumerate()
-            .for_each(|(i, b)| *b = (i % 251) as u8);
+        data.iter_mut().enumerate().for_each(|(i, b)| *b = (i % 251) as u8);
         let data = backend.write(0, 4096, data).await.unwrap();
         backend.sync().await.unwrap();
-        let back = backend
-            .read(0, 4096, AlignedBuf::zeroed(8192))
-            .await
-            .unwrap();
+        let back = backend.read(0, 4096, AlignedBuf::zeroed(8192)).await.unwrap();
         assert_eq!(&back[..], &data[..]);
         let past_end = backend.read(0, 1 << 20, AlignedBuf::zeroed(4096)).await;
-        assert!(
-            past_end.is_err(),
-            "a read past the end must fail, not return zeroes"
-        );
+        assert!(past_end.is_err(), "a read past the end must fail, not return zeroes");
         std::fs::remove_file(path).unwrap();
     }
 

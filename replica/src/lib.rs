@@ -19,9 +19,7 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     let t = text.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (digits, unit) = t.split_at(split);
-    let value: u64 = digits
-        .parse()
-        .map_err(|_| format!("size {text:?}: expected a number with an optional unit"))?;
+    let value: u64 = digits.parse().map_err(|_| format!("size {text:?}: expected a number with an optional unit"))?;
     let shift = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 0,
         "k" | "kb" | "kib" => 10,
@@ -30,9 +28,7 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         "t" | "tb" | "tib" => 40,
         other => return Err(format!("size {text:?}: unknown unit {other:?}")),
     };
-    value
-        .checked_mul(1u64 << shift)
-        .ok_or_else(|| format!("size {text:?} is too large"))
+    value.checked_mul(1u64 << shift).ok_or_else(|| format!("size {text:?} is too large"))
 }
 
 pub struct ServeConfig {
@@ -43,13 +39,10 @@ pub struct ServeConfig {
 /// Opens (or creates) the store and serves it until SIGTERM or SIGINT, then
 /// closes it cleanly.
 pub async fn serve(config: ServeConfig) -> Result<(), String> {
-    let store = Store::open(&config.store)
-        .await
-        .map_err(|e| format!("{}: {e}", config.store.location))?;
+    let store = Store::open(&config.store).await.map_err(|e| format!("{}: {e}", config.store.location))?;
     let store = Arc::new(store);
-    let listener = tokio::net::TcpListener::bind(config.listen)
-        .await
-        .map_err(|e| format!("listen on {}: {e}", config.listen))?;
+    let listener =
+        tokio::net::TcpListener::bind(config.listen).await.map_err(|e| format!("listen on {}: {e}", config.listen))?;
     let local = listener.local_addr().map_err(|e| e.to_string())?;
     let info = store.info();
     tracing::info!(
@@ -64,8 +57,8 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
     println!("listening on {local}");
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     let shutdown = async {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .expect("SIGTERM handler");
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
         tokio::select! {
             _ = term.recv() => {}
             _ = tokio::signal::ctrl_c() => {}
@@ -77,10 +70,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await
         .map_err(|e| format!("gRPC server: {e}"))?;
-    store
-        .close()
-        .await
-        .map_err(|e| format!("close store: {e}"))?;
+    store.close().await.map_err(|e| format!("close store: {e}"))?;
     tracing::info!("store closed cleanly");
     Ok(())
 }

@@ -21,8 +21,7 @@ use crate::device::{Segment, open_direct};
 pub fn device_mapper_present() -> bool {
     // /dev/mapper/control can exist (made by packaging) without the driver;
     // the kernel's misc device list is the truth.
-    std::fs::read_to_string("/proc/misc")
-        .is_ok_and(|misc| misc.lines().any(|l| l.ends_with(" device-mapper")))
+    std::fs::read_to_string("/proc/misc").is_ok_and(|misc| misc.lines().any(|l| l.ends_with(" device-mapper")))
 }
 
 fn lvm_command(tool: &str) -> Command {
@@ -106,37 +105,19 @@ pub struct VgInfo {
 }
 
 fn number(field: &str, value: &str) -> io::Result<u64> {
-    value
-        .trim()
-        .parse()
-        .map_err(|_| io::Error::other(format!("LVM reported {field}={value:?}, not a number")))
+    value.trim().parse().map_err(|_| io::Error::other(format!("LVM reported {field}={value:?}, not a number")))
 }
 
 pub fn vg_info(vg: &str) -> io::Result<VgInfo> {
     let mut cmd = lvm_command("vgs");
-    cmd.args([
-        "--reportformat",
-        "json",
-        "--units",
-        "b",
-        "--nosuffix",
-        "-o",
-        "vg_size,vg_free,vg_extent_size",
-        vg,
-    ]);
-    let out = run(cmd)
-        .map_err(|e| io::Error::new(io::ErrorKind::NotFound, format!("volume group {vg}: {e}")))?;
+    cmd.args(["--reportformat", "json", "--units", "b", "--nosuffix", "-o", "vg_size,vg_free,vg_extent_size", vg]);
+    let out = run(cmd).map_err(|e| io::Error::new(io::ErrorKind::NotFound, format!("volume group {vg}: {e}")))?;
     let report: Report<VgReport> = serde_json::from_str(&out).map_err(io::Error::other)?;
     let row = report
         .report
         .first()
         .and_then(|r| r.vg.first())
-        .ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::NotFound,
-                format!("volume group {vg} not found"),
-            )
-        })?;
+        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("volume group {vg} not found")))?;
     Ok(VgInfo {
         size_bytes: number("vg_size", &row.vg_size)?,
         free_bytes: number("vg_free", &row.vg_free)?,
@@ -161,10 +142,7 @@ pub fn lv_create(vg: &str, lv: &str, size_bytes: u64) -> io::Result<()> {
     if size > info.free_bytes {
         return Err(io::Error::new(
             io::ErrorKind::StorageFull,
-            format!(
-                "volume group {vg} has {} bytes free, {size} needed for {lv}",
-                info.free_bytes
-            ),
+            format!("volume group {vg} has {} bytes free, {size} needed for {lv}", info.free_bytes),
         ));
     }
     let mut cmd = lvm_command("lvcreate");
@@ -175,20 +153,13 @@ pub fn lv_create(vg: &str, lv: &str, size_bytes: u64) -> io::Result<()> {
 pub fn lv_extend(vg: &str, lv: &str, size_bytes: u64) -> io::Result<()> {
     let info = vg_info(vg)?;
     let mut cmd = lvm_command("lvextend");
-    cmd.args([
-        "-L",
-        &format!("{}b", round_up(size_bytes, info.extent_bytes)),
-        &format!("{vg}/{lv}"),
-    ]);
+    cmd.args(["-L", &format!("{}b", round_up(size_bytes, info.extent_bytes)), &format!("{vg}/{lv}")]);
     run(cmd).map(drop)
 }
 
 pub fn lv_remove(vg: &str, lv: &str) -> io::Result<()> {
     if !lv_exists(vg, lv)? {
-        return Err(io::Error::new(
-            io::ErrorKind::NotFound,
-            format!("logical volume {vg}/{lv} not found"),
-        ));
+        return Err(io::Error::new(io::ErrorKind::NotFound, format!("logical volume {vg}/{lv} not found")));
     }
     let mut cmd = lvm_command("lvremove");
     cmd.args(["-y", &format!("{vg}/{lv}")]);
@@ -197,11 +168,8 @@ pub fn lv_remove(vg: &str, lv: &str) -> io::Result<()> {
 
 /// Parses `seg_pe_ranges` such as `/dev/loop0:0-1` into (pv, first, last).
 fn parse_pe_range(ranges: &str) -> io::Result<(String, u64, u64)> {
-    let bad = || {
-        io::Error::other(format!(
-            "unexpected seg_pe_ranges {ranges:?} (striped or mirrored LVs are not supported)"
-        ))
-    };
+    let bad =
+        || io::Error::other(format!("unexpected seg_pe_ranges {ranges:?} (striped or mirrored LVs are not supported)"));
     if ranges.split_whitespace().count() != 1 {
         return Err(bad());
     }
@@ -222,15 +190,7 @@ pub fn lv_map(vg: &str, lv: &str) -> io::Result<(Vec<File>, Vec<Segment>)> {
         let path = format!("/dev/{vg}/{lv}");
         let file = open_direct(Path::new(&path))?;
         let length = lv_size_bytes(vg, lv)?;
-        return Ok((
-            vec![file],
-            vec![Segment {
-                logical_start: 0,
-                length,
-                file: 0,
-                physical_start: 0,
-            }],
-        ));
+        return Ok((vec![file], vec![Segment { logical_start: 0, length, file: 0, physical_start: 0 }]));
     }
     let mut cmd = lvm_command("lvs");
     cmd.args([
@@ -243,18 +203,10 @@ pub fn lv_map(vg: &str, lv: &str) -> io::Result<(Vec<File>, Vec<Segment>)> {
         "lv_name,seg_start_pe,seg_size_pe,seg_pe_ranges",
         &format!("{vg}/{lv}"),
     ]);
-    let out = run(cmd).map_err(|e| {
-        io::Error::new(
-            io::ErrorKind::NotFound,
-            format!("logical volume {vg}/{lv}: {e}"),
-        )
-    })?;
+    let out =
+        run(cmd).map_err(|e| io::Error::new(io::ErrorKind::NotFound, format!("logical volume {vg}/{lv}: {e}")))?;
     let report: Report<LvReport> = serde_json::from_str(&out).map_err(io::Error::other)?;
-    let rows = report
-        .report
-        .into_iter()
-        .flat_map(|r| r.lv)
-        .collect::<Vec<_>>();
+    let rows = report.report.into_iter().flat_map(|r| r.lv).collect::<Vec<_>>();
 
     let mut cmd = lvm_command("pvs");
     cmd.args([
@@ -269,11 +221,7 @@ pub fn lv_map(vg: &str, lv: &str) -> io::Result<(Vec<File>, Vec<Segment>)> {
         &format!("vg_name={vg}"),
     ]);
     let pvs: Report<PvReport> = serde_json::from_str(&run(cmd)?).map_err(io::Error::other)?;
-    let pvs = pvs
-        .report
-        .into_iter()
-        .flat_map(|r| r.pv)
-        .collect::<Vec<_>>();
+    let pvs = pvs.report.into_iter().flat_map(|r| r.pv).collect::<Vec<_>>();
 
     let mut files: Vec<File> = Vec::new();
     let mut names: Vec<String> = Vec::new();
@@ -297,8 +245,7 @@ pub fn lv_map(vg: &str, lv: &str) -> io::Result<(Vec<File>, Vec<Segment>)> {
             Some(i) => i,
             None => {
                 files.push(
-                    open_direct(Path::new(&pv))
-                        .map_err(|e| io::Error::new(e.kind(), format!("open PV {pv}: {e}")))?,
+                    open_direct(Path::new(&pv)).map_err(|e| io::Error::new(e.kind(), format!("open PV {pv}: {e}")))?,
                 );
                 names.push(pv);
                 files.len() - 1
@@ -315,32 +262,19 @@ pub fn lv_map(vg: &str, lv: &str) -> io::Result<(Vec<File>, Vec<Segment>)> {
     let mut at = 0;
     for s in &segments {
         if s.logical_start != at {
-            return Err(io::Error::other(format!(
-                "segments of {vg}/{lv} leave a hole at {at}"
-            )));
+            return Err(io::Error::other(format!("segments of {vg}/{lv} leave a hole at {at}")));
         }
         at += s.length;
     }
     if segments.is_empty() {
-        return Err(io::Error::new(
-            io::ErrorKind::NotFound,
-            format!("logical volume {vg}/{lv} not found"),
-        ));
+        return Err(io::Error::new(io::ErrorKind::NotFound, format!("logical volume {vg}/{lv} not found")));
     }
     Ok((files, segments))
 }
 
 fn lv_size_bytes(vg: &str, lv: &str) -> io::Result<u64> {
     let mut cmd = lvm_command("lvs");
-    cmd.args([
-        "--noheadings",
-        "--units",
-        "b",
-        "--nosuffix",
-        "-o",
-        "lv_size",
-        &format!("{vg}/{lv}"),
-    ]);
+    cmd.args(["--noheadings", "--units", "b", "--nosuffix", "-o", "lv_size", &format!("{vg}/{lv}")]);
     number("lv_size", &run(cmd)?)
 }
 
@@ -350,17 +284,8 @@ mod tests {
 
     #[test]
     fn parses_pe_ranges() {
-        assert_eq!(
-            parse_pe_range("/dev/loop0:4-5").unwrap(),
-            ("/dev/loop0".into(), 4, 5)
-        );
-        for bad in [
-            "",
-            "/dev/loop0",
-            "/dev/loop0:5-4",
-            "/dev/loop0:0-1 /dev/loop1:0-1",
-            "/dev/loop0:a-b",
-        ] {
+        assert_eq!(parse_pe_range("/dev/loop0:4-5").unwrap(), ("/dev/loop0".into(), 4, 5));
+        for bad in ["", "/dev/loop0", "/dev/loop0:5-4", "/dev/loop0:0-1 /dev/loop1:0-1", "/dev/loop0:a-b"] {
             assert!(parse_pe_range(bad).is_err(), "{bad:?}");
         }
     }

@@ -7,10 +7,7 @@ use ironhorn_replica::store::StoreConfig;
 use ironhorn_replica::{ServeConfig, parse_size};
 
 #[derive(Parser)]
-#[command(
-    name = "ironhorn-replica",
-    about = "One replica of one ironhorn volume"
-)]
+#[command(name = "ironhorn-replica", about = "One replica of one ironhorn volume")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -45,20 +42,12 @@ enum Command {
 
 fn main() {
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Serve {
-            store,
-            size,
-            listen,
-            capacity,
-            io,
-        } => {
+        Command::Serve { store, size, listen, capacity, io } => {
             let mut config = StoreConfig::new(store, size);
             config.capacity_bytes = capacity;
             config.backend = io;
@@ -67,10 +56,7 @@ fn main() {
                 .enable_all()
                 .build()
                 .expect("tokio runtime");
-            runtime.block_on(ironhorn_replica::serve(ServeConfig {
-                store: config,
-                listen,
-            }))
+            runtime.block_on(ironhorn_replica::serve(ServeConfig { store: config, listen }))
         }
         Command::Delete { store } => ironhorn_replica::delete(&store),
     };

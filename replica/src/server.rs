@@ -37,16 +37,12 @@ impl ReplicaService {
 fn status(e: StoreError) -> Status {
     let msg = e.to_string();
     match e {
-        StoreError::InvalidArgument(_) | StoreError::SizeMismatch { .. } => {
-            Status::invalid_argument(msg)
-        }
+        StoreError::InvalidArgument(_) | StoreError::SizeMismatch { .. } => Status::invalid_argument(msg),
         StoreError::NotFound(_) => Status::not_found(msg),
         StoreError::AlreadyExists(_) => Status::already_exists(msg),
         StoreError::Fenced { .. } => Status::failed_precondition(msg),
         StoreError::OutOfSpace { .. } => Status::resource_exhausted(msg),
-        StoreError::Checksum { .. } | StoreError::Io { .. } | StoreError::Corrupt(_) => {
-            Status::data_loss(msg)
-        }
+        StoreError::Checksum { .. } | StoreError::Io { .. } | StoreError::Corrupt(_) => Status::data_loss(msg),
         StoreError::Failed(_) | StoreError::NotAStore(_) => Status::unavailable(msg),
     }
 }
@@ -59,9 +55,7 @@ fn io_status(e: &StoreError) -> IoStatus {
         | StoreError::AlreadyExists(_) => IoStatus::InvalidArgument,
         StoreError::Fenced { .. } => IoStatus::Fenced,
         StoreError::OutOfSpace { .. } => IoStatus::OutOfSpace,
-        StoreError::Checksum { .. } | StoreError::Io { .. } | StoreError::Corrupt(_) => {
-            IoStatus::IoError
-        }
+        StoreError::Checksum { .. } | StoreError::Io { .. } | StoreError::Corrupt(_) => IoStatus::IoError,
         StoreError::Failed(_) | StoreError::NotAStore(_) => IoStatus::Unavailable,
     }
 }
@@ -92,20 +86,10 @@ fn snapshot_message(s: SnapshotInfo) -> Snapshot {
 
 fn respond(id: u64, outcome: Result<Bytes, StoreError>) -> IoResponse {
     match outcome {
-        Ok(data) => IoResponse {
-            id,
-            status: IoStatus::Ok as i32,
-            message: String::new(),
-            data,
-        },
+        Ok(data) => IoResponse { id, status: IoStatus::Ok as i32, message: String::new(), data },
         Err(e) => {
             tracing::debug!(id, error = %e, "I/O request failed");
-            IoResponse {
-                id,
-                status: io_status(&e) as i32,
-                message: e.to_string(),
-                data: Bytes::new(),
-            }
+            IoResponse { id, status: io_status(&e) as i32, message: e.to_string(), data: Bytes::new() }
         }
     }
 }
@@ -131,31 +115,19 @@ async fn order(store: &Store, req: IoRequest) -> Ordered {
                 ));
                 return Ordered::Done(respond(id, Err(e)));
             }
-            match store
-                .start_write(req.epoch, "", req.offset, req.data.len() as u64)
-                .await
-            {
+            match store.start_write(req.epoch, "", req.offset, req.data.len() as u64).await {
                 Ok(started) => Ordered::Write(req, started),
                 Err(e) => Ordered::Done(respond(id, Err(e))),
             }
         }
-        Ok(IoOp::Trim) | Ok(IoOp::WriteZeroes) => {
-            match store.trim(req.epoch, req.offset, req.length).await {
-                Ok(()) if req.fua => Ordered::Other(IoRequest {
-                    op: IoOp::Flush as i32,
-                    ..req
-                }),
-                outcome => Ordered::Done(respond(id, outcome.map(|()| Bytes::new()))),
-            }
-        }
+        Ok(IoOp::Trim) | Ok(IoOp::WriteZeroes) => match store.trim(req.epoch, req.offset, req.length).await {
+            Ok(()) if req.fua => Ordered::Other(IoRequest { op: IoOp::Flush as i32, ..req }),
+            outcome => Ordered::Done(respond(id, outcome.map(|()| Bytes::new()))),
+        },
         Ok(IoOp::Read) | Ok(IoOp::Flush) => Ordered::Other(req),
-        Ok(IoOp::Unspecified) | Err(_) => Ordered::Done(respond(
-            id,
-            Err(StoreError::InvalidArgument(format!(
-                "unknown I/O op {}",
-                req.op
-            ))),
-        )),
+        Ok(IoOp::Unspecified) | Err(_) => {
+            Ordered::Done(respond(id, Err(StoreError::InvalidArgument(format!("unknown I/O op {}", req.op)))))
+        }
     }
 }
 
@@ -172,10 +144,7 @@ async fn complete(store: &Store, ordered: Ordered) -> IoResponse {
         }
         Ordered::Other(req) => {
             let outcome = if req.op == IoOp::Read as i32 {
-                store
-                    .read(req.epoch, req.offset, req.length)
-                    .await
-                    .map(Bytes::from_owner)
+                store.read(req.epoch, req.offset, req.length).await.map(Bytes::from_owner)
             } else {
                 match store.check_epoch(req.epoch).await {
                     Ok(()) => store.flush().await.map(|()| Bytes::new()),
@@ -199,10 +168,7 @@ type IoStream = Pin<Box<dyn Stream<Item = Result<IoResponse, Status>> + Send>>;
 impl Replica for ReplicaService {
     type IoStream = IoStream;
 
-    async fn io(
-        &self,
-        request: Request<Streaming<IoRequest>>,
-    ) -> Result<Response<IoStream>, Status> {
+    async fn io(&self, request: Request<Streaming<IoRequest>>) -> Result<Response<IoStream>, Status> {
         let mut incoming = request.into_inner();
         let (tx, rx) = mpsc::channel::<Result<IoResponse, Status>>(IN_FLIGHT_PER_STREAM);
         let store = self.store.clone();
@@ -238,34 +204,18 @@ impl Replica for ReplicaService {
         Ok(Response::new(info_response(self.store.info())))
     }
 
-    async fn set_epoch(
-        &self,
-        request: Request<SetEpochRequest>,
-    ) -> Result<Response<InfoResponse>, Status> {
-        self.store
-            .check_epoch(request.into_inner().epoch)
-            .await
-            .map_err(status)?;
+    async fn set_epoch(&self, request: Request<SetEpochRequest>) -> Result<Response<InfoResponse>, Status> {
+        self.store.check_epoch(request.into_inner().epoch).await.map_err(status)?;
         Ok(Response::new(info_response(self.store.info())))
     }
 
-    async fn snapshot_create(
-        &self,
-        request: Request<SnapshotCreateRequest>,
-    ) -> Result<Response<Snapshot>, Status> {
+    async fn snapshot_create(&self, request: Request<SnapshotCreateRequest>) -> Result<Response<Snapshot>, Status> {
         let req = request.into_inner();
-        let snap = self
-            .store
-            .snapshot_create(req.epoch, &req.name)
-            .await
-            .map_err(status)?;
+        let snap = self.store.snapshot_create(req.epoch, &req.name).await.map_err(status)?;
         Ok(Response::new(snapshot_message(snap)))
     }
 
-    async fn snapshot_list(
-        &self,
-        _: Request<SnapshotListRequest>,
-    ) -> Result<Response<SnapshotListResponse>, Status> {
+    async fn snapshot_list(&self, _: Request<SnapshotListRequest>) -> Result<Response<SnapshotListResponse>, Status> {
         Ok(Response::new(self.list()))
     }
 
@@ -274,10 +224,7 @@ impl Replica for ReplicaService {
         request: Request<SnapshotDeleteRequest>,
     ) -> Result<Response<SnapshotListResponse>, Status> {
         let req = request.into_inner();
-        self.store
-            .snapshot_delete(req.epoch, &req.name)
-            .await
-            .map_err(status)?;
+        self.store.snapshot_delete(req.epoch, &req.name).await.map_err(status)?;
         Ok(Response::new(self.list()))
     }
 
@@ -286,98 +233,47 @@ impl Replica for ReplicaService {
         request: Request<SnapshotRevertRequest>,
     ) -> Result<Response<SnapshotListResponse>, Status> {
         let req = request.into_inner();
-        self.store
-            .snapshot_revert(req.epoch, &req.name)
-            .await
-            .map_err(status)?;
+        self.store.snapshot_revert(req.epoch, &req.name).await.map_err(status)?;
         Ok(Response::new(self.list()))
     }
 
-    async fn expand(
-        &self,
-        request: Request<ExpandRequest>,
-    ) -> Result<Response<InfoResponse>, Status> {
+    async fn expand(&self, request: Request<ExpandRequest>) -> Result<Response<InfoResponse>, Status> {
         let req = request.into_inner();
-        self.store
-            .expand(req.epoch, req.size_bytes)
-            .await
-            .map_err(status)?;
+        self.store.expand(req.epoch, req.size_bytes).await.map_err(status)?;
         Ok(Response::new(info_response(self.store.info())))
     }
 
-    async fn extents(
-        &self,
-        request: Request<ExtentsRequest>,
-    ) -> Result<Response<ExtentsResponse>, Status> {
-        let extents = self
-            .store
-            .extents(&request.into_inner().layer)
-            .map_err(status)?;
+    async fn extents(&self, request: Request<ExtentsRequest>) -> Result<Response<ExtentsResponse>, Status> {
+        let extents = self.store.extents(&request.into_inner().layer).map_err(status)?;
         Ok(Response::new(ExtentsResponse {
-            extents: extents
-                .into_iter()
-                .map(|e| Extent {
-                    offset: e.offset,
-                    length: e.length,
-                    zero: e.zero,
-                })
-                .collect(),
+            extents: extents.into_iter().map(|e| Extent { offset: e.offset, length: e.length, zero: e.zero }).collect(),
         }))
     }
 
-    async fn checksums(
-        &self,
-        request: Request<ChecksumsRequest>,
-    ) -> Result<Response<ChecksumsResponse>, Status> {
+    async fn checksums(&self, request: Request<ChecksumsRequest>) -> Result<Response<ChecksumsResponse>, Status> {
         let r = request.into_inner();
-        let crc32 = self
-            .store
-            .checksums(&r.layer, r.merged, r.offset, r.length, r.chunk_size)
-            .map_err(status)?;
+        let crc32 = self.store.checksums(&r.layer, r.merged, r.offset, r.length, r.chunk_size).map_err(status)?;
         Ok(Response::new(ChecksumsResponse { crc32 }))
     }
 
-    async fn read_layer(
-        &self,
-        request: Request<ReadLayerRequest>,
-    ) -> Result<Response<ReadLayerResponse>, Status> {
+    async fn read_layer(&self, request: Request<ReadLayerRequest>) -> Result<Response<ReadLayerResponse>, Status> {
         let r = request.into_inner();
         if r.length > MAX_MESSAGE_BYTES as u64 / 2 {
-            return Err(Status::invalid_argument(format!(
-                "read of {} bytes is larger than one message",
-                r.length
-            )));
+            return Err(Status::invalid_argument(format!("read of {} bytes is larger than one message", r.length)));
         }
-        let (data, states) = self
-            .store
-            .read_layer(&r.layer, r.offset, r.length)
-            .await
-            .map_err(status)?;
+        let (data, states) = self.store.read_layer(&r.layer, r.offset, r.length).await.map_err(status)?;
         Ok(Response::new(ReadLayerResponse {
             data: Bytes::from_owner(data),
-            block_state: states
-                .into_iter()
-                .map(|s| s as u8)
-                .collect::<Vec<u8>>()
-                .into(),
+            block_state: states.into_iter().map(|s| s as u8).collect::<Vec<u8>>().into(),
         }))
     }
 
-    async fn write_layer(
-        &self,
-        request: Request<WriteLayerRequest>,
-    ) -> Result<Response<WriteLayerResponse>, Status> {
+    async fn write_layer(&self, request: Request<WriteLayerRequest>) -> Result<Response<WriteLayerResponse>, Status> {
         let r = request.into_inner();
         if r.zero {
-            self.store
-                .zero_layer(r.epoch, &r.layer, r.offset, r.length)
-                .await
-                .map_err(status)?;
+            self.store.zero_layer(r.epoch, &r.layer, r.offset, r.length).await.map_err(status)?;
         } else {
-            self.store
-                .write_layer(r.epoch, &r.layer, r.offset, &r.data)
-                .await
-                .map_err(status)?;
+            self.store.write_layer(r.epoch, &r.layer, r.offset, &r.data).await.map_err(status)?;
         }
         Ok(Response::new(WriteLayerResponse {}))
     }
@@ -385,13 +281,6 @@ impl Replica for ReplicaService {
 
 impl ReplicaService {
     fn list(&self) -> SnapshotListResponse {
-        SnapshotListResponse {
-            snapshots: self
-                .store
-                .snapshot_list()
-                .into_iter()
-                .map(snapshot_message)
-                .collect(),
-        }
+        SnapshotListResponse { snapshots: self.store.snapshot_list().into_iter().map(snapshot_message).collect() }
     }
 }

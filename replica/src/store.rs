@@ -23,8 +23,8 @@ use thiserror::Error;
 
 use crate::device::{Device, StoreLocation};
 use crate::format::{
-    self, BLOCK, BLOCK_SIZE, CheckpointImage, Entry, JournalBlock, LayerImage,
-    RECORDS_PER_JOURNAL_BLOCK, Record, SlotContent, Superblock, ZERO_PBA,
+    self, BLOCK, BLOCK_SIZE, CheckpointImage, Entry, JournalBlock, LayerImage, RECORDS_PER_JOURNAL_BLOCK, Record,
+    SlotContent, Superblock, ZERO_PBA,
 };
 use crate::io::{AlignedBuf, BackendKind};
 
@@ -39,10 +39,7 @@ pub enum StoreError {
     #[error("checksum mismatch reading volume offset {offset}")]
     Checksum { offset: u64 },
     #[error("{op} failed: {source}")]
-    Io {
-        op: &'static str,
-        source: std::io::Error,
-    },
+    Io { op: &'static str, source: std::io::Error },
     #[error("{0} not found")]
     NotFound(String),
     #[error("{0} already exists")]
@@ -95,6 +92,9 @@ impl StoreConfig {
     }
 }
 
+/// Largest single write: redirect-on-write needs this much free space at once.
+pub const MAX_WRITE_BYTES: u64 = 4 << 20;
+
 fn default_journal_blocks(volume_size: u64) -> u64 {
     (volume_size / BLOCK_SIZE / 256).clamp(256, 16384)
 }
@@ -108,16 +108,12 @@ fn checkpoint_blocks_for(entries: u64, layers: u64) -> u64 {
 /// journal, and room for two checkpoints.
 pub fn default_capacity(volume_size: u64, journal_blocks: u64) -> u64 {
     let volume_blocks = volume_size / BLOCK_SIZE;
-    let data = volume_blocks + volume_blocks / 4;
-    (format::SUPERBLOCK_SLOTS + journal_blocks + data + 2 * checkpoint_blocks_for(data, 8) + 16)
-        * BLOCK_SIZE
+    let data = volume_blocks + (volume_blocks / 4).max(2 * MAX_WRITE_BYTES / BLOCK_SIZE);
+    (format::SUPERBLOCK_SLOTS + journal_blocks + data + 2 * checkpoint_blocks_for(data, 8) + 16) * BLOCK_SIZE
 }
 
 fn now_unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
 fn random_u64() -> u64 {
@@ -138,12 +134,7 @@ struct Allocator {
 
 impl Allocator {
     fn new(capacity: u64) -> Self {
-        Self {
-            used: vec![0; capacity.div_ceil(64) as usize],
-            capacity,
-            free: capacity,
-            hint: 0,
-        }
+        Self { used: vec![0; capacity.div_ceil(64) as usize], capacity, free: capacity, hint: 0 }
     }
     fn grow(&mut self, capacity: u64) {
         assert!(capacity >= self.capacity);
@@ -164,10 +155,7 @@ impl Allocator {
         true
     }
     fn release(&mut self, pba: u64) {
-        assert!(
-            pba < self.capacity && self.is_used(pba),
-            "double free of block {pba}"
-        );
+        assert!(pba < self.capacity && self.is_used(pba), "double free of block {pba}");
         self.used[(pba / 64) as usize] &= !(1 << (pba % 64));
         self.free += 1;
     }
@@ -178,10 +166,7 @@ impl Allocator {
         }
         let mut pba = self.hint % self.capacity;
         for _ in 0..self.capacity {
-            if pba % 64 == 0
-                && pba + 64 <= self.capacity
-                && self.used[(pba / 64) as usize] == u64::MAX
-            {
+            if pba % 64 == 0 && pba + 64 <= self.capacity && self.used[(pba / 64) as usize] == u64::MAX {
                 pba = (pba + 64) % self.capacity;
                 continue;
             }
@@ -284,11 +269,7 @@ impl Meta {
 
     /// What `lba` reads as from layer `top` down: an entry, or zeroes.
     fn resolve(&self, top: usize, lba: u64) -> Option<Entry> {
-        self.layers[..=top]
-            .iter()
-            .rev()
-            .find_map(|l| l.map.get(&lba).copied())
-            .filter(|e| e.pba != ZERO_PBA)
+        self.layers[..=top].iter().rev().find_map(|l| l.map.get(&lba).copied()).filter(|e| e.pba != ZERO_PBA)
     }
 
     /// Sets one layer's mapping of `lba` and journals it.
@@ -304,12 +285,7 @@ impl Meta {
         }
         self.pending.push(match value {
             Some(Entry { pba: ZERO_PBA, .. }) => Record::Zero { layer: id, lba },
-            Some(Entry { pba, crc }) => Record::Map {
-                layer: id,
-                lba,
-                pba,
-                crc,
-            },
+            Some(Entry { pba, crc }) => Record::Map { layer: id, lba, pba, crc },
             None => Record::Unmap { layer: id, lba },
         });
         self.revision += 1;
@@ -317,13 +293,8 @@ impl Meta {
 
     /// The value that makes `lba` of layer `index` read as zeroes.
     fn zero_value(&self, index: usize, lba: u64) -> Option<Entry> {
-        let below = self.layers[..index]
-            .iter()
-            .any(|l| l.map.contains_key(&lba));
-        below.then_some(Entry {
-            pba: ZERO_PBA,
-            crc: zero_block_crc(),
-        })
+        let below = self.layers[..index].iter().any(|l| l.map.contains_key(&lba));
+        below.then_some(Entry { pba: ZERO_PBA, crc: zero_block_crc() })
     }
 
     /// Maps a finished write's blocks (`crcs` given) or frees them (failed or
@@ -333,10 +304,7 @@ impl Meta {
         let mut pbas = w.runs.iter().flat_map(|&(start, n)| start..start + n);
         for (i, lba) in (w.first_lba..w.first_lba + w.blocks).enumerate() {
             let pba = pbas.next().expect("one block per lba");
-            let state = self
-                .lba_writes
-                .get_mut(&(w.layer_id, lba))
-                .expect("registered write");
+            let state = self.lba_writes.get_mut(&(w.layer_id, lba)).expect("registered write");
             state.in_flight -= 1;
             let newest = w.seq > state.applied_seq;
             if newest {
@@ -346,14 +314,16 @@ impl Meta {
                 self.lba_writes.remove(&(w.layer_id, lba));
             }
             match (index, crcs) {
-                (Some(index), Some(crcs)) if newest => {
-                    self.set_entry(index, lba, Some(Entry { pba, crc: crcs[i] }))
-                }
+                (Some(index), Some(crcs)) if newest => self.set_entry(index, lba, Some(Entry { pba, crc: crcs[i] })),
                 // Superseded, failed, or the layer is gone: the block was
                 // never referenced, so it is free at once.
                 _ => self.alloc.release(pba),
             }
         }
+    }
+
+    fn quarantined_blocks(&self) -> usize {
+        self.quarantine.iter().map(|(_, b)| b.len()).sum()
     }
 
     fn finish_read(&mut self, ticket: u64) {
@@ -373,12 +343,7 @@ impl Meta {
     }
 
     fn release_quarantine(&mut self) {
-        let oldest = self
-            .reads_in_flight
-            .keys()
-            .next()
-            .copied()
-            .unwrap_or(u64::MAX);
+        let oldest = self.reads_in_flight.keys().next().copied().unwrap_or(u64::MAX);
         while let Some((ticket, _)) = self.quarantine.front() {
             if *ticket > oldest {
                 break;
@@ -482,29 +447,19 @@ impl Store {
                 config.volume_size
             )));
         }
-        let journal_blocks = config
-            .journal_blocks
-            .unwrap_or_else(|| default_journal_blocks(config.volume_size));
+        let journal_blocks = config.journal_blocks.unwrap_or_else(|| default_journal_blocks(config.volume_size));
         let exists = Device::exists(&config.location).map_err(io_err("look up store"))?;
         if !exists {
             if !config.create {
                 return Err(StoreError::NotFound(format!("store {}", config.location)));
             }
-            let capacity = config
-                .capacity_bytes
-                .unwrap_or_else(|| default_capacity(config.volume_size, journal_blocks));
+            let capacity =
+                config.capacity_bytes.unwrap_or_else(|| default_capacity(config.volume_size, journal_blocks));
             Device::create(&config.location, capacity).map_err(io_err("create store"))?;
         }
-        let device =
-            Device::open(&config.location, config.backend).map_err(io_err("open store"))?;
-        let head = device
-            .read(0, AlignedBuf::zeroed(2 * BLOCK))
-            .await
-            .map_err(io_err("read superblocks"))?;
-        let slots = [
-            Superblock::decode(&head[..BLOCK]),
-            Superblock::decode(&head[BLOCK..]),
-        ];
+        let device = Device::open(&config.location, config.backend).map_err(io_err("open store"))?;
+        let head = device.read(0, AlignedBuf::zeroed(2 * BLOCK)).await.map_err(io_err("read superblocks"))?;
+        let slots = [Superblock::decode(&head[..BLOCK]), Superblock::decode(&head[BLOCK..])];
         let best = slots
             .iter()
             .filter_map(|s| match s {
@@ -515,10 +470,7 @@ impl Store {
         let store = match best {
             Some(sb) => {
                 if sb.volume_size != config.volume_size {
-                    return Err(StoreError::SizeMismatch {
-                        existing: sb.volume_size,
-                        requested: config.volume_size,
-                    });
+                    return Err(StoreError::SizeMismatch { existing: sb.volume_size, requested: config.volume_size });
                 }
                 Self::load(device, sb).await?
             }
@@ -584,16 +536,7 @@ impl Store {
             size_bytes: volume_size,
             map: BTreeMap::new(),
         };
-        Ok(Self::assemble(
-            device,
-            sb,
-            vec![head],
-            2,
-            alloc,
-            Vec::new(),
-            0,
-            true,
-        ))
+        Ok(Self::assemble(device, sb, vec![head], 2, alloc, Vec::new(), 0, true))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -659,39 +602,25 @@ impl Store {
         let mut pba = sb.checkpoint_head;
         for index in 0..sb.checkpoint_blocks {
             if pba < data_start || !alloc.claim(pba) {
-                return Err(corrupt(format!(
-                    "checkpoint block {index} at {pba} is out of place"
-                )));
+                return Err(corrupt(format!("checkpoint block {index} at {pba} is out of place")));
             }
             checkpoint_pbas.push(pba);
-            let block = device
-                .read(pba * BLOCK_SIZE, AlignedBuf::zeroed(BLOCK))
-                .await
-                .map_err(io_err("read checkpoint"))?;
+            let block =
+                device.read(pba * BLOCK_SIZE, AlignedBuf::zeroed(BLOCK)).await.map_err(io_err("read checkpoint"))?;
             let (next, payload) = format::decode_checkpoint_block(&block, sb.store_id, index)
-                .ok_or_else(|| {
-                    corrupt(format!(
-                        "checkpoint block {index} at {pba} fails its checksum"
-                    ))
-                })?;
+                .ok_or_else(|| corrupt(format!("checkpoint block {index} at {pba} fails its checksum")))?;
             blob.extend_from_slice(payload);
             pba = next;
         }
         if blob.len() as u64 != sb.checkpoint_len || format::crc32(&blob) != sb.checkpoint_crc {
-            return Err(corrupt(
-                "checkpoint does not match the superblock's length and checksum".into(),
-            ));
+            return Err(corrupt("checkpoint does not match the superblock's length and checksum".into()));
         }
-        let image = CheckpointImage::decode(&blob)
-            .ok_or_else(|| corrupt("checkpoint does not decode".into()))?;
+        let image = CheckpointImage::decode(&blob).ok_or_else(|| corrupt("checkpoint does not decode".into()))?;
         let mut layers = Vec::with_capacity(image.layers.len());
         for l in image.layers {
             for (lba, e) in &l.entries {
                 if *lba >= sb.volume_size / BLOCK_SIZE {
-                    return Err(corrupt(format!(
-                        "layer {} maps block {lba} past the volume end",
-                        l.id
-                    )));
+                    return Err(corrupt(format!("layer {} maps block {lba} past the volume end", l.id)));
                 }
                 if e.pba != ZERO_PBA && (e.pba < data_start || !alloc.claim(e.pba)) {
                     return Err(corrupt(format!(
@@ -711,10 +640,7 @@ impl Store {
 
         // Journal replay: blocks of this generation, in index order.
         let journal = device
-            .read(
-                sb.journal_start * BLOCK_SIZE,
-                AlignedBuf::zeroed((sb.journal_blocks * BLOCK_SIZE) as usize),
-            )
+            .read(sb.journal_start * BLOCK_SIZE, AlignedBuf::zeroed((sb.journal_blocks * BLOCK_SIZE) as usize))
             .await
             .map_err(io_err("read journal"))?;
         let mut revision = image.revision;
@@ -728,27 +654,13 @@ impl Store {
             }
             for record in jb.records {
                 let (layer_id, lba, value) = match record {
-                    Record::Map {
-                        layer,
-                        lba,
-                        pba,
-                        crc,
-                    } => {
+                    Record::Map { layer, lba, pba, crc } => {
                         if pba < data_start || !alloc.claim(pba) {
-                            return Err(corrupt(format!(
-                                "journal maps block {lba} to used block {pba}"
-                            )));
+                            return Err(corrupt(format!("journal maps block {lba} to used block {pba}")));
                         }
                         (layer, lba, Some(Entry { pba, crc }))
                     }
-                    Record::Zero { layer, lba } => (
-                        layer,
-                        lba,
-                        Some(Entry {
-                            pba: ZERO_PBA,
-                            crc: zero_block_crc(),
-                        }),
-                    ),
+                    Record::Zero { layer, lba } => (layer, lba, Some(Entry { pba: ZERO_PBA, crc: zero_block_crc() })),
                     Record::Unmap { layer, lba } => (layer, lba, None),
                 };
                 let layer = layers
@@ -775,16 +687,7 @@ impl Store {
         );
         let clean = sb.clean;
         let next_layer_id = image.next_layer_id;
-        Ok(Self::assemble(
-            device,
-            sb,
-            layers,
-            next_layer_id,
-            alloc,
-            checkpoint_pbas,
-            revision,
-            clean,
-        ))
+        Ok(Self::assemble(device, sb, layers, next_layer_id, alloc, checkpoint_pbas, revision, clean))
     }
 
     fn device(&self) -> Arc<Device> {
@@ -809,19 +712,12 @@ impl Store {
             let meta = self.meta();
             meta.check_usable()?;
             if epoch < meta.sb.highest_epoch {
-                return Err(StoreError::Fenced {
-                    epoch,
-                    highest: meta.sb.highest_epoch,
-                });
+                return Err(StoreError::Fenced { epoch, highest: meta.sb.highest_epoch });
             }
             if epoch == meta.sb.highest_epoch {
                 return Ok(());
             }
-            Superblock {
-                sequence: meta.sb.sequence + 1,
-                highest_epoch: epoch,
-                ..meta.sb.clone()
-            }
+            Superblock { sequence: meta.sb.sequence + 1, highest_epoch: epoch, ..meta.sb.clone() }
         };
         self.write_superblock(&sb).await?;
         tracing::info!(epoch, "fencing epoch raised");
@@ -833,29 +729,32 @@ impl Store {
         let device = self.device();
         let slot = sb.sequence % format::SUPERBLOCK_SLOTS;
         let result = async {
-            device
-                .write(slot * BLOCK_SIZE, AlignedBuf::from_slice(&sb.encode()))
-                .await?;
+            device.write(slot * BLOCK_SIZE, AlignedBuf::from_slice(&sb.encode())).await?;
             device.sync().await
         }
         .await;
         result.map_err(|e| self.meta().fail(format!("superblock write: {e}")))
     }
 
+    fn check_write_length(length: u64) -> Result<()> {
+        if length > MAX_WRITE_BYTES {
+            return Err(StoreError::InvalidArgument(format!(
+                "write of {length} bytes is larger than the {MAX_WRITE_BYTES}-byte maximum"
+            )));
+        }
+        Ok(())
+    }
+
     fn check_range(&self, meta: &Meta, offset: u64, length: u64) -> Result<()> {
         if length == 0 {
-            return Err(StoreError::InvalidArgument(format!(
-                "zero-length request at offset {offset}"
-            )));
+            return Err(StoreError::InvalidArgument(format!("zero-length request at offset {offset}")));
         }
         if offset % BLOCK_SIZE != 0 || length % BLOCK_SIZE != 0 {
             return Err(StoreError::InvalidArgument(format!(
                 "offset {offset} and length {length} must be multiples of {BLOCK_SIZE}"
             )));
         }
-        let end = offset
-            .checked_add(length)
-            .ok_or_else(|| StoreError::InvalidArgument("range overflows".into()))?;
+        let end = offset.checked_add(length).ok_or_else(|| StoreError::InvalidArgument("range overflows".into()))?;
         if end > meta.sb.volume_size {
             return Err(StoreError::InvalidArgument(format!(
                 "range {offset}+{length} ends past the volume size {}",
@@ -868,9 +767,7 @@ impl Store {
     /// Writes `data` at `offset` into the head. With `fua` the write is
     /// durable before this returns.
     pub async fn write(&self, epoch: u64, offset: u64, data: &[u8], fua: bool) -> Result<()> {
-        let started = self
-            .start_write(epoch, "", offset, data.len() as u64)
-            .await?;
+        let started = self.start_write(epoch, "", offset, data.len() as u64).await?;
         self.finish_write(started, data).await?;
         if fua { self.flush().await } else { Ok(()) }
     }
@@ -880,46 +777,41 @@ impl Store {
     /// overlaps in that order, whatever order their data lands on the device;
     /// the gRPC server starts writes in stream order, so every replica fed
     /// the same stream ends up with the same blocks.
-    pub async fn start_write(
-        &self,
-        epoch: u64,
-        layer: &str,
-        offset: u64,
-        length: u64,
-    ) -> Result<StartedWrite> {
+    pub async fn start_write(&self, epoch: u64, layer: &str, offset: u64, length: u64) -> Result<StartedWrite> {
+        Self::check_write_length(length)?;
         self.check_epoch(epoch).await?;
         let gate = self.gate.clone().read_owned().await;
         let blocks = length / BLOCK_SIZE;
         let first_lba = offset / BLOCK_SIZE;
-        let mut meta = self.meta();
-        meta.check_usable()?;
-        self.check_range(&meta, offset, length)?;
-        let index = meta.layer_index(layer)?;
-        let layer_id = meta.layers[index].id;
-        let reserve = meta.reserve_blocks(blocks);
-        if meta.alloc.free < blocks + reserve {
-            return Err(StoreError::OutOfSpace {
-                needed: blocks + reserve,
-                free: meta.alloc.free,
-            });
+        let mut committed = false;
+        loop {
+            {
+                let mut meta = self.meta();
+                meta.check_usable()?;
+                self.check_range(&meta, offset, length)?;
+                let index = meta.layer_index(layer)?;
+                let layer_id = meta.layers[index].id;
+                let needed = blocks + meta.reserve_blocks(blocks);
+                // Overwritten blocks come back only once a commit makes their
+                // unmapping durable: commit early rather than run dry.
+                let recyclable = (meta.pending_free.len() + meta.quarantined_blocks()) as u64;
+                let room = meta.alloc.free >= needed && recyclable < (meta.alloc.free / 2).max(256);
+                if room || committed {
+                    if meta.alloc.free < needed {
+                        return Err(StoreError::OutOfSpace { needed, free: meta.alloc.free });
+                    }
+                    let runs = meta.alloc.alloc(blocks).expect("free space was checked");
+                    let seq = meta.next_write_seq;
+                    meta.next_write_seq += 1;
+                    for lba in first_lba..first_lba + blocks {
+                        meta.lba_writes.entry((layer_id, lba)).or_default().in_flight += 1;
+                    }
+                    return Ok(StartedWrite { layer_id, seq, runs, first_lba, blocks, _gate: gate });
+                }
+            }
+            self.flush().await?;
+            committed = true;
         }
-        let runs = meta.alloc.alloc(blocks).expect("free space was checked");
-        let seq = meta.next_write_seq;
-        meta.next_write_seq += 1;
-        for lba in first_lba..first_lba + blocks {
-            meta.lba_writes
-                .entry((layer_id, lba))
-                .or_default()
-                .in_flight += 1;
-        }
-        Ok(StartedWrite {
-            layer_id,
-            seq,
-            runs,
-            first_lba,
-            blocks,
-            _gate: gate,
-        })
     }
 
     /// Second half of a write: puts the data on the device and maps it.
@@ -944,10 +836,7 @@ impl Store {
             let buf = AlignedBuf::from_slice(&data[at..at + len]);
             crcs.extend(buf.chunks(BLOCK).map(format::crc32));
             if let Err(e) = device.write(pba * BLOCK_SIZE, buf).await {
-                result = Err(StoreError::Io {
-                    op: "write data",
-                    source: e,
-                });
+                result = Err(StoreError::Io { op: "write data", source: e });
             }
             at += len;
         }
@@ -977,10 +866,7 @@ impl Store {
         let first = offset / BLOCK_SIZE;
         let reserve = meta.reserve_blocks(length / BLOCK_SIZE);
         if meta.alloc.free < reserve {
-            return Err(StoreError::OutOfSpace {
-                needed: reserve,
-                free: meta.alloc.free,
-            });
+            return Err(StoreError::OutOfSpace { needed: reserve, free: meta.alloc.free });
         }
         for lba in first..first + length / BLOCK_SIZE {
             if let Some(state) = meta.lba_writes.get_mut(&(layer_id, lba)) {
@@ -1000,26 +886,17 @@ impl Store {
     pub async fn read(&self, epoch: u64, offset: u64, length: u64) -> Result<AlignedBuf> {
         self.check_epoch(epoch).await?;
         let _gate = self.gate.read().await;
-        self.read_view(None, offset, length)
-            .await
-            .map(|(buf, _)| buf)
+        self.read_view(None, offset, length).await.map(|(buf, _)| buf)
     }
 
     /// Reads the volume as seen from snapshot `name` (its layer and older).
     pub async fn read_snapshot(&self, name: &str, offset: u64, length: u64) -> Result<AlignedBuf> {
         let _gate = self.gate.read().await;
-        self.read_view(Some((name, false)), offset, length)
-            .await
-            .map(|(buf, _)| buf)
+        self.read_view(Some((name, false)), offset, length).await.map(|(buf, _)| buf)
     }
 
     /// Reads one layer's own blocks; the states say which are mapped.
-    pub async fn read_layer(
-        &self,
-        name: &str,
-        offset: u64,
-        length: u64,
-    ) -> Result<(AlignedBuf, Vec<BlockState>)> {
+    pub async fn read_layer(&self, name: &str, offset: u64, length: u64) -> Result<(AlignedBuf, Vec<BlockState>)> {
         let _gate = self.gate.read().await;
         self.read_view(Some((name, true)), offset, length).await
     }
@@ -1082,9 +959,7 @@ impl Store {
                 continue;
             };
             let mut n = 1;
-            while i + n < entries.len()
-                && entries[i + n].1.map(|e| e.pba) == Some(first.pba + n as u64)
-            {
+            while i + n < entries.len() && entries[i + n].1.map(|e| e.pba) == Some(first.pba + n as u64) {
                 n += 1;
             }
             let whole = i == 0 && n == entries.len();
@@ -1093,10 +968,7 @@ impl Store {
             } else {
                 AlignedBuf::zeroed(n * BLOCK)
             };
-            let buf = device
-                .read(first.pba * BLOCK_SIZE, buf)
-                .await
-                .map_err(io_err("read data"))?;
+            let buf = device.read(first.pba * BLOCK_SIZE, buf).await.map_err(io_err("read data"))?;
             for (k, block) in buf.chunks(BLOCK).enumerate() {
                 let expected = entries[i + k].1.expect("mapped").crc;
                 if format::crc32(block) != expected {
@@ -1155,15 +1027,10 @@ impl Store {
             device.sync().await?;
             if !records.is_empty() {
                 let (pba, first_index, generation, store_id) = placement;
-                let mut buf =
-                    AlignedBuf::zeroed(records.len().div_ceil(RECORDS_PER_JOURNAL_BLOCK) * BLOCK);
+                let mut buf = AlignedBuf::zeroed(records.len().div_ceil(RECORDS_PER_JOURNAL_BLOCK) * BLOCK);
                 for (i, chunk) in records.chunks(RECORDS_PER_JOURNAL_BLOCK).enumerate() {
-                    let jb = JournalBlock {
-                        generation,
-                        index: first_index + i as u64,
-                        revision,
-                        records: chunk.to_vec(),
-                    };
+                    let jb =
+                        JournalBlock { generation, index: first_index + i as u64, revision, records: chunk.to_vec() };
                     buf[i * BLOCK..(i + 1) * BLOCK].copy_from_slice(&jb.encode(store_id));
                 }
                 device.write(pba * BLOCK_SIZE, buf).await?;
@@ -1222,9 +1089,7 @@ impl Store {
         let device = self.device();
         let result = async {
             for (pba, block) in &blocks {
-                device
-                    .write(pba * BLOCK_SIZE, AlignedBuf::from_slice(block))
-                    .await?;
+                device.write(pba * BLOCK_SIZE, AlignedBuf::from_slice(block)).await?;
             }
             device.sync().await
         }
@@ -1242,9 +1107,7 @@ impl Store {
     fn validate_snapshot_name(name: &str) -> Result<()> {
         let ok = !name.is_empty()
             && name.len() <= 200
-            && name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
         if ok {
             Ok(())
         } else {
@@ -1255,11 +1118,7 @@ impl Store {
     }
 
     /// Runs a structural change with I/O drained, then checkpoints it.
-    async fn structural<T>(
-        &self,
-        epoch: u64,
-        change: impl FnOnce(&mut Meta) -> Result<T>,
-    ) -> Result<T> {
+    async fn structural<T>(&self, epoch: u64, change: impl FnOnce(&mut Meta) -> Result<T>) -> Result<T> {
         self.check_epoch(epoch).await?;
         let _gate = self.gate.write().await;
         let _commit = self.commit.lock().await;
@@ -1300,10 +1159,7 @@ impl Store {
 
     pub fn snapshot_list(&self) -> Vec<SnapshotInfo> {
         let meta = self.meta();
-        meta.layers[..meta.head_index()]
-            .iter()
-            .map(snapshot_info)
-            .collect()
+        meta.layers[..meta.head_index()].iter().map(snapshot_info).collect()
     }
 
     /// Removes snapshot `name`; its blocks that its child does not override
@@ -1312,9 +1168,7 @@ impl Store {
         self.structural(epoch, |meta| {
             let index = meta.layer_index(name)?;
             if index == meta.head_index() {
-                return Err(StoreError::InvalidArgument(
-                    "the head is not a snapshot".into(),
-                ));
+                return Err(StoreError::InvalidArgument("the head is not a snapshot".into()));
             }
             let layer = meta.layers.remove(index);
             let mut freed = Vec::new();
@@ -1347,19 +1201,11 @@ impl Store {
         self.structural(epoch, |meta| {
             let index = meta.layer_index(name)?;
             if index == meta.head_index() {
-                return Err(StoreError::InvalidArgument(
-                    "the head is not a snapshot".into(),
-                ));
+                return Err(StoreError::InvalidArgument("the head is not a snapshot".into()));
             }
             let dropped: Vec<Layer> = meta.layers.drain(index + 1..).collect();
             for layer in dropped {
-                meta.pending_free.extend(
-                    layer
-                        .map
-                        .values()
-                        .filter(|e| e.pba != ZERO_PBA)
-                        .map(|e| e.pba),
-                );
+                meta.pending_free.extend(layer.map.values().filter(|e| e.pba != ZERO_PBA).map(|e| e.pba));
             }
             let id = meta.next_layer_id;
             meta.next_layer_id += 1;
@@ -1404,8 +1250,8 @@ impl Store {
             if current.size_bytes() < wanted {
                 // All I/O is drained (gate) and commits are held (commit).
                 let mut device = self.device.write().expect("device lock");
-                let mut grown = Device::open(current.location(), current.backend_kind())
-                    .map_err(io_err("reopen store"))?;
+                let mut grown =
+                    Device::open(current.location(), current.backend_kind()).map_err(io_err("reopen store"))?;
                 grown.grow(wanted).map_err(io_err("grow store"))?;
                 *device = Arc::new(grown);
             }
@@ -1424,26 +1270,12 @@ impl Store {
     }
 
     /// Writes into any layer (a snapshot too): how rebuilds fill a replica.
-    pub async fn write_layer(
-        &self,
-        epoch: u64,
-        layer: &str,
-        offset: u64,
-        data: &[u8],
-    ) -> Result<()> {
-        let started = self
-            .start_write(epoch, layer, offset, data.len() as u64)
-            .await?;
+    pub async fn write_layer(&self, epoch: u64, layer: &str, offset: u64, data: &[u8]) -> Result<()> {
+        let started = self.start_write(epoch, layer, offset, data.len() as u64).await?;
         self.finish_write(started, data).await
     }
 
-    pub async fn zero_layer(
-        &self,
-        epoch: u64,
-        layer: &str,
-        offset: u64,
-        length: u64,
-    ) -> Result<()> {
+    pub async fn zero_layer(&self, epoch: u64, layer: &str, offset: u64, length: u64) -> Result<()> {
         self.check_epoch(epoch).await?;
         let _gate = self.gate.read().await;
         self.zero_layer_range(layer, offset, length)
@@ -1458,14 +1290,8 @@ impl Store {
             let zero = e.pba == ZERO_PBA;
             let offset = lba * BLOCK_SIZE;
             match out.last_mut() {
-                Some(last) if last.offset + last.length == offset && last.zero == zero => {
-                    last.length += BLOCK_SIZE
-                }
-                _ => out.push(Extent {
-                    offset,
-                    length: BLOCK_SIZE,
-                    zero,
-                }),
+                Some(last) if last.offset + last.length == offset && last.zero == zero => last.length += BLOCK_SIZE,
+                _ => out.push(Extent { offset, length: BLOCK_SIZE, zero }),
             }
         }
         Ok(out)
@@ -1474,14 +1300,7 @@ impl Store {
     /// One crc32 per `chunk` bytes of `[offset, offset+length)`, computed from
     /// the per-block checksums (no data is read). `layer` empty with `merged`
     /// covers the volume as read; otherwise one layer's own mapping.
-    pub fn checksums(
-        &self,
-        layer: &str,
-        merged: bool,
-        offset: u64,
-        length: u64,
-        chunk: u64,
-    ) -> Result<Vec<u32>> {
+    pub fn checksums(&self, layer: &str, merged: bool, offset: u64, length: u64, chunk: u64) -> Result<Vec<u32>> {
         if chunk == 0 || chunk % BLOCK_SIZE != 0 || length % chunk != 0 {
             return Err(StoreError::InvalidArgument(format!(
                 "chunk size {chunk} must be a positive multiple of {BLOCK_SIZE} dividing the length {length}"
@@ -1497,10 +1316,7 @@ impl Store {
                 let mut h = crc32fast::Hasher::new();
                 for lba in first + c * per_chunk..first + (c + 1) * per_chunk {
                     let (state, crc) = if merged {
-                        (
-                            1u8,
-                            meta.resolve(index, lba).map_or(zero_block_crc(), |e| e.crc),
-                        )
+                        (1u8, meta.resolve(index, lba).map_or(zero_block_crc(), |e| e.crc))
                     } else {
                         match meta.layers[index].map.get(&lba) {
                             None => (0, 0),
@@ -1544,8 +1360,7 @@ fn snapshot_info(layer: &Layer) -> SnapshotInfo {
     SnapshotInfo {
         name: layer.name.clone(),
         created_unix_ms: layer.created_unix_ms,
-        allocated_bytes: layer.map.values().filter(|e| e.pba != ZERO_PBA).count() as u64
-            * BLOCK_SIZE,
+        allocated_bytes: layer.map.values().filter(|e| e.pba != ZERO_PBA).count() as u64 * BLOCK_SIZE,
         size_bytes: layer.size_bytes,
     }
 }

@@ -43,9 +43,7 @@ struct Model {
 }
 
 fn pattern(block: u64, seed: u8) -> Vec<u8> {
-    (0..BLOCK)
-        .map(|i| (i as u64 ^ block.wrapping_mul(31) ^ seed as u64 * 7) as u8)
-        .collect()
+    (0..BLOCK).map(|i| (i as u64 ^ block.wrapping_mul(31) ^ seed as u64 * 7) as u8).collect()
 }
 
 struct Harness {
@@ -63,27 +61,13 @@ impl Harness {
         let store = self.store();
         let size = self.model.head.len() as u64;
         let data = store.read(1, 0, size).await.expect("read whole volume");
-        assert!(
-            data[..] == self.model.head[..],
-            "volume differs from the model"
-        );
+        assert!(data[..] == self.model.head[..], "volume differs from the model");
         let listed: Vec<String> = store.snapshot_list().into_iter().map(|s| s.name).collect();
-        let expected: Vec<String> = self
-            .model
-            .snapshots
-            .iter()
-            .map(|(n, _)| n.clone())
-            .collect();
+        let expected: Vec<String> = self.model.snapshots.iter().map(|(n, _)| n.clone()).collect();
         assert_eq!(listed, expected);
         for (name, content) in &self.model.snapshots {
-            let view = store
-                .read_snapshot(name, 0, content.len() as u64)
-                .await
-                .expect("read snapshot");
-            assert!(
-                view[..] == content[..],
-                "snapshot {name} differs from the model"
-            );
+            let view = store.read_snapshot(name, 0, content.len() as u64).await.expect("read snapshot");
+            assert!(view[..] == content[..], "snapshot {name} differs from the model");
         }
     }
 
@@ -92,22 +76,14 @@ impl Harness {
         match op {
             Op::Write { block, count, seed } => {
                 let (block, count) = clamp(*block, *count, size_blocks);
-                let data: Vec<u8> = (block..block + count)
-                    .flat_map(|b| pattern(b, *seed))
-                    .collect();
-                self.store()
-                    .write(1, block * BLOCK as u64, &data, false)
-                    .await
-                    .expect("write");
+                let data: Vec<u8> = (block..block + count).flat_map(|b| pattern(b, *seed)).collect();
+                self.store().write(1, block * BLOCK as u64, &data, false).await.expect("write");
                 let at = block as usize * BLOCK;
                 self.model.head[at..at + data.len()].copy_from_slice(&data);
             }
             Op::Trim { block, count } => {
                 let (block, count) = clamp(*block, *count, size_blocks);
-                self.store()
-                    .trim(1, block * BLOCK as u64, count * BLOCK as u64)
-                    .await
-                    .expect("trim");
+                self.store().trim(1, block * BLOCK as u64, count * BLOCK as u64).await.expect("trim");
                 let at = block as usize * BLOCK;
                 self.model.head[at..at + count as usize * BLOCK].fill(0);
             }
@@ -116,29 +92,20 @@ impl Harness {
                 if self.model.snapshots.len() < MAX_SNAPSHOTS {
                     let name = format!("snap-{}", self.model.next_name);
                     self.model.next_name += 1;
-                    self.store()
-                        .snapshot_create(1, &name)
-                        .await
-                        .expect("snapshot create");
+                    self.store().snapshot_create(1, &name).await.expect("snapshot create");
                     self.model.snapshots.push((name, self.model.head.clone()));
                 }
             }
             Op::SnapshotDelete(i) => {
                 if let Some((name, _)) = self.model.snapshots.get(*i).cloned() {
-                    self.store()
-                        .snapshot_delete(1, &name)
-                        .await
-                        .expect("snapshot delete");
+                    self.store().snapshot_delete(1, &name).await.expect("snapshot delete");
                     self.model.snapshots.remove(*i);
                 }
             }
             Op::SnapshotRevert(i) => {
                 if let Some((name, content)) = self.model.snapshots.get(*i).cloned() {
                     let size = self.model.head.len();
-                    self.store()
-                        .snapshot_revert(1, &name)
-                        .await
-                        .expect("snapshot revert");
+                    self.store().snapshot_revert(1, &name).await.expect("snapshot revert");
                     self.model.snapshots.truncate(*i + 1);
                     // A snapshot taken before an expand reads as its old size
                     // followed by zeroes.
@@ -158,17 +125,9 @@ impl Harness {
                 }
             }
             Op::Reopen => {
-                self.store
-                    .take()
-                    .expect("store")
-                    .close()
-                    .await
-                    .expect("close");
+                self.store.take().expect("store").close().await.expect("close");
                 let store = Store::open(&self.config).await.expect("reopen");
-                assert!(
-                    store.info().clean_at_open,
-                    "a closed store reopens as clean"
-                );
+                assert!(store.info().clean_at_open, "a closed store reopens as clean");
                 self.store = Some(store);
             }
         }
@@ -181,20 +140,13 @@ fn clamp(block: u64, count: u64, size_blocks: u64) -> (u64, u64) {
 }
 
 fn run(backend: BackendKind, initial_blocks: u64, ops: Vec<Op>) {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     runtime.block_on(async {
         let path = std::env::temp_dir().join(format!(
             "ironhorn-model-{}-{:?}-{}.img",
             std::process::id(),
             backend,
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos()
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
         ));
         let size = initial_blocks * BLOCK as u64;
         let mut config = StoreConfig::new(StoreLocation::File(path.clone()), size);
@@ -205,11 +157,7 @@ fn run(backend: BackendKind, initial_blocks: u64, ops: Vec<Op>) {
         let mut h = Harness {
             config,
             store: Some(store),
-            model: Model {
-                head: vec![0; size as usize],
-                snapshots: Vec::new(),
-                next_name: 0,
-            },
+            model: Model { head: vec![0; size as usize], snapshots: Vec::new(), next_name: 0 },
         };
         h.check().await;
         for op in &ops {
@@ -238,11 +186,7 @@ proptest! {
 /// Bad input gets a clear error and changes nothing.
 #[test]
 fn bad_requests_are_refused_and_change_nothing() {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     runtime.block_on(async {
         let path = std::env::temp_dir().join(format!("ironhorn-bad-{}.img", std::process::id()));
         let _ = std::fs::remove_file(&path);
@@ -253,27 +197,16 @@ fn bad_requests_are_refused_and_change_nothing() {
         let cases: Vec<StoreError> = vec![
             store.write(1, 100, &data, false).await.unwrap_err(),
             store.write(1, 0, &data[..100], false).await.unwrap_err(),
-            store
-                .write(1, 64 * BLOCK as u64, &data, false)
-                .await
-                .unwrap_err(),
+            store.write(1, 64 * BLOCK as u64, &data, false).await.unwrap_err(),
             store.write(1, 0, &[], false).await.unwrap_err(),
-            store
-                .read(1, 63 * BLOCK as u64, 2 * BLOCK as u64)
-                .await
-                .unwrap_err(),
-            store
-                .read(1, u64::MAX - 4095, BLOCK as u64)
-                .await
-                .unwrap_err(),
+            store.read(1, 63 * BLOCK as u64, 2 * BLOCK as u64).await.unwrap_err(),
+            store.read(1, u64::MAX - 4095, BLOCK as u64).await.unwrap_err(),
             store.trim(1, 0, 0).await.unwrap_err(),
             store.snapshot_delete(1, "nope").await.unwrap_err(),
             store.snapshot_revert(1, "nope").await.unwrap_err(),
             store.snapshot_create(1, "bad name!").await.unwrap_err(),
             store.expand(1, 4 * BLOCK as u64).await.unwrap_err(),
-            store
-                .checksums("", true, 0, BLOCK as u64, 1000)
-                .unwrap_err(),
+            store.checksums("", true, 0, BLOCK as u64, 1000).unwrap_err(),
         ];
         for e in &cases {
             assert!(
@@ -281,18 +214,63 @@ fn bad_requests_are_refused_and_change_nothing() {
                 "unexpected error kind: {e}"
             );
         }
-        assert_eq!(
-            &store.read(1, 3 * BLOCK as u64, BLOCK as u64).await.unwrap()[..],
-            &data[..]
-        );
+        assert_eq!(&store.read(1, 3 * BLOCK as u64, BLOCK as u64).await.unwrap()[..], &data[..]);
         // Reopening with another size is refused, never a silent resize.
         store.close().await.unwrap();
         let mut other = config.clone();
         other.volume_size *= 2;
-        assert!(matches!(
-            Store::open(&other).await,
-            Err(StoreError::SizeMismatch { .. })
-        ));
+        assert!(matches!(Store::open(&other).await, Err(StoreError::SizeMismatch { .. })));
+        std::fs::remove_file(&path).unwrap();
+    });
+}
+
+/// Overwriting a full volume again and again without FLUSH must not run out
+/// of space (replaced blocks are recycled by automatic commits); filling the
+/// store for real with snapshots gives OutOfSpace and loses nothing.
+#[test]
+fn space_is_recycled_and_a_full_store_says_so() {
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    runtime.block_on(async {
+        let path = std::env::temp_dir().join(format!("ironhorn-full-{}.img", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let blocks = 256u64;
+        let mut config = StoreConfig::new(StoreLocation::File(path.clone()), blocks * BLOCK as u64);
+        config.journal_blocks = Some(16);
+        // Room for the volume, one more copy of it, and metadata.
+        config.capacity_bytes = Some((2 + 16 + 2 * blocks + 40) * BLOCK as u64);
+        let store = Store::open(&config).await.unwrap();
+        for round in 0..12u8 {
+            for start in (0..blocks).step_by(64) {
+                let data: Vec<u8> = (start..start + 64).flat_map(|b| pattern(b, round)).collect();
+                store.write(1, start * BLOCK as u64, &data, false).await.expect("overwrite without flush");
+            }
+        }
+        let data: Vec<u8> = (0..blocks).flat_map(|b| pattern(b, 11)).collect();
+        assert!(store.read(1, 0, blocks * BLOCK as u64).await.unwrap()[..] == data[..]);
+
+        // Snapshots pin old versions; eventually a write cannot be placed.
+        let mut full = None;
+        for round in 0..8u8 {
+            store.snapshot_create(1, &format!("s{round}")).await.unwrap();
+            let next: Vec<u8> = (0..blocks).flat_map(|b| pattern(b, 100 + round)).collect();
+            if let Err(e) = store.write(1, 0, &next, false).await {
+                full = Some((round, e));
+                break;
+            }
+            assert!(round < 7, "snapshots of a full volume must fill the store");
+        }
+        let (round, err) = full.expect("the store fills up");
+        assert!(matches!(err, StoreError::OutOfSpace { .. }), "{err}");
+        // The failed write changed nothing: the head still reads as before it.
+        let expected: Vec<u8> =
+            if round == 0 { data } else { (0..blocks).flat_map(|b| pattern(b, 100 + round - 1)).collect() };
+        assert!(store.read(1, 0, blocks * BLOCK as u64).await.unwrap()[..] == expected[..]);
+        // Deleting snapshots frees space again.
+        for s in store.snapshot_list() {
+            store.snapshot_delete(1, &s.name).await.unwrap();
+        }
+        store.write(1, 0, &expected, true).await.expect("room again after deleting snapshots");
+        store.close().await.unwrap();
         std::fs::remove_file(&path).unwrap();
     });
 }

@@ -22,11 +22,7 @@ pub const BLOCK: usize = 4096;
 /// A name unique to this process and call, for files, VGs and LVs.
 pub fn unique(prefix: &str) -> String {
     static N: AtomicU64 = AtomicU64::new(0);
-    format!(
-        "{prefix}{}x{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::SeqCst)
-    )
+    format!("{prefix}{}x{}", std::process::id(), N.fetch_add(1, Ordering::SeqCst))
 }
 
 /// Fails the test with a clear message when a required tool is missing.
@@ -34,29 +30,19 @@ pub fn require_tool(tool: &str, package: &str) {
     let found = std::env::var_os("PATH")
         .map(|paths| std::env::split_paths(&paths).any(|p| p.join(tool).is_file()))
         .unwrap_or(false);
-    assert!(
-        found,
-        "required tool {tool} is missing: install the {package} package (scripts/test.sh does)"
-    );
+    assert!(found, "required tool {tool} is missing: install the {package} package (scripts/test.sh does)");
 }
 
 pub fn require_root() {
     // SAFETY: geteuid has no preconditions.
-    assert_eq!(
-        unsafe { libc::geteuid() },
-        0,
-        "this test needs root (loop devices, LVM); run it as root"
-    );
+    assert_eq!(unsafe { libc::geteuid() }, 0, "this test needs root (loop devices, LVM); run it as root");
 }
 
 /// Directory holding the workspace's built binaries (target/<profile>).
 pub fn bin_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("current exe");
     // target/<profile>/deps/<test binary>
-    exe.parent()
-        .and_then(Path::parent)
-        .expect("target dir")
-        .to_path_buf()
+    exe.parent().and_then(Path::parent).expect("target dir").to_path_buf()
 }
 
 pub fn binary(name: &str) -> PathBuf {
@@ -74,9 +60,7 @@ pub struct TempDir(pub PathBuf);
 
 impl TempDir {
     pub fn new(prefix: &str) -> Self {
-        let base = std::env::var_os("IRONHORN_TEST_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(std::env::temp_dir);
+        let base = std::env::var_os("IRONHORN_TEST_DIR").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
         let path = base.join(unique(prefix));
         std::fs::create_dir_all(&path).expect("create test dir");
         Self(path)
@@ -103,26 +87,14 @@ pub struct Process {
 
 impl Process {
     /// Starts `binary args...` and waits (bounded) for its listening line.
-    pub fn start(
-        name: &str,
-        binary: &Path,
-        args: &[String],
-        log_dir: &Path,
-    ) -> Result<Process, String> {
+    pub fn start(name: &str, binary: &Path, args: &[String], log_dir: &Path) -> Result<Process, String> {
         let log = log_dir.join(format!("{name}.log"));
-        let log_file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log)
-            .expect("log file");
+        let log_file = std::fs::OpenOptions::new().create(true).append(true).open(&log).expect("log file");
         let mut child = Command::new(binary)
             .args(args)
             .stdout(Stdio::piped())
             .stderr(log_file)
-            .env(
-                "RUST_LOG",
-                std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
-            )
+            .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
             .spawn()
             .map_err(|e| format!("spawn {}: {e}", binary.display()))?;
         let stdout = child.stdout.take().expect("stdout");
@@ -142,18 +114,11 @@ impl Process {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             if let Ok(address) = rx.recv_timeout(Duration::from_millis(50)) {
-                return Ok(Process {
-                    name: name.into(),
-                    child: Some(child),
-                    address,
-                    log,
-                });
+                return Ok(Process { name: name.into(), child: Some(child), address, log });
             }
             if let Ok(Some(status)) = child.try_wait() {
                 let text = std::fs::read_to_string(&log).unwrap_or_default();
-                return Err(format!(
-                    "{name} exited with {status} before listening:\n{text}"
-                ));
+                return Err(format!("{name} exited with {status} before listening:\n{text}"));
             }
             if Instant::now() > deadline {
                 let _ = child.kill();
@@ -213,10 +178,7 @@ pub fn run(cmd: &str, args: &[&str]) -> Result<String, String> {
     if out.status.success() {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     } else {
-        Err(format!(
-            "{cmd} {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
+        Err(format!("{cmd} {args:?}: {}", String::from_utf8_lossy(&out.stderr).trim()))
     }
 }
 
@@ -230,13 +192,8 @@ impl LoopDevice {
     pub fn new(dir: &Path, size_bytes: u64) -> LoopDevice {
         require_tool("losetup", "mount");
         let file = dir.join(unique("pv") + ".img");
-        std::fs::File::create(&file)
-            .and_then(|f| f.set_len(size_bytes))
-            .expect("backing file");
-        let device = run("losetup", &["--find", "--show", file.to_str().unwrap()])
-            .expect("losetup")
-            .trim()
-            .to_string();
+        std::fs::File::create(&file).and_then(|f| f.set_len(size_bytes)).expect("backing file");
+        let device = run("losetup", &["--find", "--show", file.to_str().unwrap()]).expect("losetup").trim().to_string();
         LoopDevice { device, file }
     }
 }
@@ -275,37 +232,15 @@ impl VolumeGroup {
     }
 
     pub fn segment_count(&self, lv: &str) -> usize {
-        run(
-            "lvs",
-            &[
-                "--noheadings",
-                "-o",
-                "seg_start_pe",
-                &format!("{}/{lv}", self.name),
-            ],
-        )
-        .expect("lvs")
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .count()
+        run("lvs", &["--noheadings", "-o", "seg_start_pe", &format!("{}/{lv}", self.name)])
+            .expect("lvs")
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .count()
     }
 
     pub fn create_lv(&self, lv: &str, size: &str) {
-        run(
-            "lvcreate",
-            &[
-                "--driverloaded",
-                "n",
-                "-y",
-                "-Zn",
-                "-n",
-                lv,
-                "-L",
-                size,
-                &self.name,
-            ],
-        )
-        .expect("lvcreate");
+        run("lvcreate", &["--driverloaded", "n", "-y", "-Zn", "-n", lv, "-L", size, &self.name]).expect("lvcreate");
     }
 
     pub fn pv_device(&self) -> &str {
@@ -316,10 +251,7 @@ impl VolumeGroup {
 impl Drop for VolumeGroup {
     fn drop(&mut self) {
         for lv in self.lv_names() {
-            let _ = run(
-                "lvremove",
-                &["--driverloaded", "n", "-y", &format!("{}/{lv}", self.name)],
-            );
+            let _ = run("lvremove", &["--driverloaded", "n", "-y", &format!("{}/{lv}", self.name)]);
         }
         let _ = run("vgremove", &["--driverloaded", "n", "-y", &self.name]);
         let _ = run("pvremove", &["-y", &self.pv.device]);
@@ -332,8 +264,7 @@ pub fn pattern(block: u64, version: u64) -> Vec<u8> {
     let mut out = vec![0u8; BLOCK];
     out[..8].copy_from_slice(&block.to_le_bytes());
     out[8..16].copy_from_slice(&version.to_le_bytes());
-    let mut x =
-        block.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ version.wrapping_mul(0xD1B5_4A32_D192_ED03) | 1;
+    let mut x = block.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ version.wrapping_mul(0xD1B5_4A32_D192_ED03) | 1;
     for chunk in out[16..].chunks_mut(8) {
         x ^= x << 13;
         x ^= x >> 7;
@@ -369,9 +300,7 @@ pub async fn connect(address: &str) -> ReplicaClient<Channel> {
     loop {
         match ReplicaClient::connect(endpoint.clone()).await {
             Ok(c) => {
-                return c
-                    .max_decoding_message_size(64 << 20)
-                    .max_encoding_message_size(64 << 20);
+                return c.max_decoding_message_size(64 << 20).max_encoding_message_size(64 << 20);
             }
             Err(e) if Instant::now() > deadline => panic!("connect {endpoint}: {e}"),
             Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
@@ -382,13 +311,8 @@ pub async fn connect(address: &str) -> ReplicaClient<Channel> {
 impl DataStream {
     pub async fn open(client: &mut ReplicaClient<Channel>) -> DataStream {
         let (tx, rx) = mpsc::channel::<IoRequest>(1024);
-        let mut responses = client
-            .io(ReceiverStream::new(rx))
-            .await
-            .expect("open Io stream")
-            .into_inner();
-        let waiting: std::sync::Arc<std::sync::Mutex<HashMap<u64, oneshot::Sender<IoResponse>>>> =
-            Default::default();
+        let mut responses = client.io(ReceiverStream::new(rx)).await.expect("open Io stream").into_inner();
+        let waiting: std::sync::Arc<std::sync::Mutex<HashMap<u64, oneshot::Sender<IoResponse>>>> = Default::default();
         let w = waiting.clone();
         tokio::spawn(async move {
             while let Ok(Some(resp)) = responses.message().await {
@@ -399,11 +323,7 @@ impl DataStream {
             // Stream ended: dropping the senders fails every waiter.
             w.lock().unwrap().clear();
         });
-        DataStream {
-            tx,
-            waiting,
-            next_id: std::sync::Arc::new(AtomicU64::new(1)),
-        }
+        DataStream { tx, waiting, next_id: std::sync::Arc::new(AtomicU64::new(1)) }
     }
 
     /// Sends one request; the returned receiver yields its response, or an
@@ -419,15 +339,7 @@ impl DataStream {
         let id = self.next_id.fetch_add(1, Ordering::SeqCst);
         let (tx, rx) = oneshot::channel();
         self.waiting.lock().unwrap().insert(id, tx);
-        let req = IoRequest {
-            id,
-            op: op as i32,
-            offset,
-            length,
-            data,
-            epoch,
-            fua: false,
-        };
+        let req = IoRequest { id, op: op as i32, offset, length, data, epoch, fua: false };
         if self.tx.send(req).await.is_err() {
             self.waiting.lock().unwrap().remove(&id);
         }
@@ -442,26 +354,16 @@ impl DataStream {
         data: Bytes,
         epoch: u64,
     ) -> Result<IoResponse, String> {
-        self.send(op, offset, length, data, epoch)
-            .await
-            .await
-            .map_err(|_| "stream closed".to_string())
+        self.send(op, offset, length, data, epoch).await.await.map_err(|_| "stream closed".to_string())
     }
 
     pub async fn write(&self, offset: u64, data: Vec<u8>, epoch: u64) -> Result<(), String> {
         let len = data.len() as u64;
-        check(
-            self.call(IoOp::Write, offset, len, data.into(), epoch)
-                .await?,
-        )
-        .map(drop)
+        check(self.call(IoOp::Write, offset, len, data.into(), epoch).await?).map(drop)
     }
 
     pub async fn read(&self, offset: u64, length: u64, epoch: u64) -> Result<Bytes, String> {
-        check(
-            self.call(IoOp::Read, offset, length, Bytes::new(), epoch)
-                .await?,
-        )
+        check(self.call(IoOp::Read, offset, length, Bytes::new(), epoch).await?)
     }
 
     pub async fn flush(&self, epoch: u64) -> Result<(), String> {
@@ -474,34 +376,16 @@ pub fn check(resp: IoResponse) -> Result<Bytes, String> {
     if resp.status == IoStatus::Ok as i32 {
         Ok(resp.data)
     } else {
-        let name = IoStatus::try_from(resp.status)
-            .map(|s| s.as_str_name())
-            .unwrap_or("UNKNOWN");
+        let name = IoStatus::try_from(resp.status).map(|s| s.as_str_name()).unwrap_or("UNKNOWN");
         let name = name.strip_prefix("IO_STATUS_").unwrap_or(name);
         Err(format!("{name}: {}", resp.message))
     }
 }
 
 /// Starts `ironhorn-replica serve` on a free port.
-pub fn start_replica(
-    name: &str,
-    store: &str,
-    size: &str,
-    dir: &Path,
-    extra: &[&str],
-) -> Result<Process, String> {
-    let mut args: Vec<String> = [
-        "serve",
-        "--store",
-        store,
-        "--size",
-        size,
-        "--listen",
-        "127.0.0.1:0",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+pub fn start_replica(name: &str, store: &str, size: &str, dir: &Path, extra: &[&str]) -> Result<Process, String> {
+    let mut args: Vec<String> =
+        ["serve", "--store", store, "--size", size, "--listen", "127.0.0.1:0"].iter().map(|s| s.to_string()).collect();
     args.extend(extra.iter().map(|s| s.to_string()));
     Process::start(name, &binary("ironhorn-replica"), &args, dir)
 }

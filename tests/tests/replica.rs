@@ -13,11 +13,7 @@ const HOT_BLOCKS: u64 = 2048;
 const EPOCH: u64 = 1;
 
 fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
 }
 
 /// What the test knows about each block of the hot range.
@@ -33,12 +29,7 @@ struct Ledger {
 
 /// Streams writes and periodic flushes for `run_for`, then SIGKILLs the
 /// replica with requests still in flight.
-async fn write_then_crash(
-    replica: &mut Process,
-    ledger: &Arc<Mutex<Ledger>>,
-    run_for: Duration,
-    seed: u64,
-) {
+async fn write_then_crash(replica: &mut Process, ledger: &Arc<Mutex<Ledger>>, run_for: Duration, seed: u64) {
     let mut client = connect(&replica.address).await;
     let stream = DataStream::open(&mut client).await;
     let limit = Arc::new(tokio::sync::Semaphore::new(48));
@@ -67,15 +58,7 @@ async fn write_then_crash(
             data.extend(pattern(first + i as u64, *v));
         }
         // Sent here, in version order; only the wait runs in a task.
-        let pending = stream
-            .send(
-                IoOp::Write,
-                first * BLOCK as u64,
-                data.len() as u64,
-                data.into(),
-                EPOCH,
-            )
-            .await;
+        let pending = stream.send(IoOp::Write, first * BLOCK as u64, data.len() as u64, data.into(), EPOCH).await;
         let l = ledger.clone();
         tasks.spawn(async move {
             if pending.await.map(check).is_ok_and(|r| r.is_ok()) {
@@ -111,19 +94,13 @@ async fn write_then_crash(
 async fn verify_after_crash(replica: &Process, ledger: &Arc<Mutex<Ledger>>) {
     let mut client = connect(&replica.address).await;
     let info = client.info(InfoRequest {}).await.unwrap().into_inner();
-    assert!(
-        !info.clean_at_open,
-        "a SIGKILLed store must not report a clean shutdown"
-    );
+    assert!(!info.clean_at_open, "a SIGKILLed store must not report a clean shutdown");
     let stream = DataStream::open(&mut client).await;
     let chunk = 256u64;
     let mut l = ledger.lock().unwrap();
     let mut newer = 0;
     for start in (0..HOT_BLOCKS).step_by(chunk as usize) {
-        let data = stream
-            .read(start * BLOCK as u64, chunk * BLOCK as u64, EPOCH)
-            .await
-            .expect("read after restart");
+        let data = stream.read(start * BLOCK as u64, chunk * BLOCK as u64, EPOCH).await.expect("read after restart");
         for i in 0..chunk {
             let b = start + i;
             let got = version_of(b, &data[(i as usize) * BLOCK..(i as usize + 1) * BLOCK]);
@@ -156,20 +133,11 @@ fn crash_cycles(store: &str, dir: &TempDir, cycles: u64) {
     }));
     let mut replica = start_replica("replica", store, VOLUME, dir.path(), &[]).unwrap();
     for cycle in 0..cycles {
-        rt.block_on(write_then_crash(
-            &mut replica,
-            &ledger,
-            Duration::from_millis(1200 + 300 * cycle),
-            0x1234 + cycle,
-        ));
+        rt.block_on(write_then_crash(&mut replica, &ledger, Duration::from_millis(1200 + 300 * cycle), 0x1234 + cycle));
         replica = start_replica("replica", store, VOLUME, dir.path(), &[]).unwrap();
         rt.block_on(verify_after_crash(&replica, &ledger));
     }
-    assert_eq!(
-        replica.stop(Duration::from_secs(20)),
-        Some(0),
-        "replica exits 0 on SIGTERM"
-    );
+    assert_eq!(replica.stop(Duration::from_secs(20)), Some(0), "replica exits 0 on SIGTERM");
 }
 
 #[test]
@@ -200,9 +168,7 @@ fn a_flipped_byte_is_reported_with_its_offset() {
         let mut client = connect(&replica.address).await;
         let s = DataStream::open(&mut client).await;
         for b in 70..80 {
-            s.write(b * BLOCK as u64, pattern(b, 1), EPOCH)
-                .await
-                .unwrap();
+            s.write(b * BLOCK as u64, pattern(b, 1), EPOCH).await.unwrap();
         }
         s.flush(EPOCH).await.unwrap();
     });
@@ -211,10 +177,7 @@ fn a_flipped_byte_is_reported_with_its_offset() {
     // Find the block's bytes in the raw store and flip one byte.
     let mut raw = std::fs::read(&path).unwrap();
     let needle = pattern(target, 1);
-    let at = raw
-        .chunks(BLOCK)
-        .position(|c| c == &needle[..])
-        .expect("the written block is somewhere in the store");
+    let at = raw.chunks(BLOCK).position(|c| c == &needle[..]).expect("the written block is somewhere in the store");
     raw[at * BLOCK + 1000] ^= 0x40;
     std::fs::write(&path, &raw).unwrap();
 
@@ -222,21 +185,11 @@ fn a_flipped_byte_is_reported_with_its_offset() {
     rt.block_on(async {
         let mut client = connect(&replica.address).await;
         let s = DataStream::open(&mut client).await;
-        let err = s
-            .read(target * BLOCK as u64, BLOCK as u64, EPOCH)
-            .await
-            .expect_err("corrupt block must not read");
+        let err = s.read(target * BLOCK as u64, BLOCK as u64, EPOCH).await.expect_err("corrupt block must not read");
         let offset = (target * BLOCK as u64).to_string();
-        assert!(
-            err.contains("IO_ERROR") && err.contains(&offset),
-            "error names the offset: {err}"
-        );
+        assert!(err.contains("IO_ERROR") && err.contains(&offset), "error names the offset: {err}");
         // A range that includes it fails too; its neighbours still read.
-        assert!(
-            s.read(70 * BLOCK as u64, 10 * BLOCK as u64, EPOCH)
-                .await
-                .is_err()
-        );
+        assert!(s.read(70 * BLOCK as u64, 10 * BLOCK as u64, EPOCH).await.is_err());
         for b in (70..80).filter(|b| *b != target) {
             let data = s.read(b * BLOCK as u64, BLOCK as u64, EPOCH).await.unwrap();
             assert_eq!(version_of(b, &data), Some(1));
@@ -254,17 +207,9 @@ fn an_older_epoch_is_fenced_and_changes_nothing() {
         let mut client = connect(&replica.address).await;
         let s = DataStream::open(&mut client).await;
         s.write(0, pattern(0, 5), 5).await.unwrap();
-        let err = s
-            .write(0, pattern(0, 4), 4)
-            .await
-            .expect_err("epoch 4 after 5");
+        let err = s.write(0, pattern(0, 4), 4).await.expect_err("epoch 4 after 5");
         assert!(err.starts_with("FENCED"), "{err}");
-        assert!(
-            s.read(0, BLOCK as u64, 4)
-                .await
-                .unwrap_err()
-                .starts_with("FENCED")
-        );
+        assert!(s.read(0, BLOCK as u64, 4).await.unwrap_err().starts_with("FENCED"));
         assert!(s.flush(4).await.unwrap_err().starts_with("FENCED"));
         let data = s.read(0, BLOCK as u64, 5).await.unwrap();
         assert_eq!(version_of(0, &data), Some(5));
@@ -278,12 +223,7 @@ fn an_older_epoch_is_fenced_and_changes_nothing() {
         let info = client.info(InfoRequest {}).await.unwrap().into_inner();
         assert_eq!(info.highest_epoch, 5);
         let s = DataStream::open(&mut client).await;
-        assert!(
-            s.write(0, pattern(0, 4), 4)
-                .await
-                .unwrap_err()
-                .starts_with("FENCED")
-        );
+        assert!(s.write(0, pattern(0, 4), 4).await.unwrap_err().starts_with("FENCED"));
         let data = s.read(0, BLOCK as u64, 6).await.unwrap();
         assert_eq!(version_of(0, &data), Some(5));
     });
@@ -296,11 +236,7 @@ fn lvm_store_with_a_second_segment_survives_restart_and_delete_removes_it() {
     let store = format!("lvm:{}/r1", vg.name);
     let rt = runtime();
     let mut replica = start_replica("replica", &store, "32MiB", dir.path(), &[]).unwrap();
-    assert_eq!(
-        vg.lv_names(),
-        vec!["r1".to_string()],
-        "serve created the LV"
-    );
+    assert_eq!(vg.lv_names(), vec!["r1".to_string()], "serve created the LV");
     // Another LV right behind r1 forces r1's growth into a second segment.
     vg.create_lv("blocker", "8m");
     let blocks = 16384u64; // 64 MiB after expand
@@ -308,16 +244,11 @@ fn lvm_store_with_a_second_segment_survives_restart_and_delete_removes_it() {
         let mut client = connect(&replica.address).await;
         let s = DataStream::open(&mut client).await;
         for b in (0..8192).step_by(97) {
-            s.write(b * BLOCK as u64, pattern(b, 1), EPOCH)
-                .await
-                .unwrap();
+            s.write(b * BLOCK as u64, pattern(b, 1), EPOCH).await.unwrap();
         }
         s.flush(EPOCH).await.unwrap();
         let info = client
-            .expand(ExpandRequest {
-                size_bytes: blocks * BLOCK as u64,
-                epoch: EPOCH,
-            })
+            .expand(ExpandRequest { size_bytes: blocks * BLOCK as u64, epoch: EPOCH })
             .await
             .unwrap()
             .into_inner();
@@ -333,9 +264,7 @@ fn lvm_store_with_a_second_segment_survives_restart_and_delete_removes_it() {
     assert_eq!(replica.stop(Duration::from_secs(20)), Some(0));
 
     // Restart with the wrong size: refused, one line, exit code != 0.
-    let err = start_replica("replica-wrong", &store, "32MiB", dir.path(), &[])
-        .err()
-        .expect("size mismatch refused");
+    let err = start_replica("replica-wrong", &store, "32MiB", dir.path(), &[]).err().expect("size mismatch refused");
     assert!(err.contains("use expand"), "{err}");
 
     let mut replica = start_replica("replica", &store, "64MiB", dir.path(), &[]).unwrap();
@@ -345,31 +274,16 @@ fn lvm_store_with_a_second_segment_survives_restart_and_delete_removes_it() {
         assert!(info.clean_at_open);
         let s = DataStream::open(&mut client).await;
         for start in (0..blocks).step_by(256) {
-            let data = s
-                .read(start * BLOCK as u64, 256 * BLOCK as u64, EPOCH)
-                .await
-                .unwrap();
+            let data = s.read(start * BLOCK as u64, 256 * BLOCK as u64, EPOCH).await.unwrap();
             for i in 0..256u64 {
                 let b = start + i;
-                assert_eq!(
-                    version_of(b, &data[i as usize * BLOCK..(i as usize + 1) * BLOCK]),
-                    Some(2),
-                    "block {b}"
-                );
+                assert_eq!(version_of(b, &data[i as usize * BLOCK..(i as usize + 1) * BLOCK]), Some(2), "block {b}");
             }
         }
     });
     assert_eq!(replica.stop(Duration::from_secs(20)), Some(0));
-    run(
-        binary("ironhorn-replica").to_str().unwrap(),
-        &["delete", "--store", &store],
-    )
-    .expect("delete");
-    assert_eq!(
-        vg.lv_names(),
-        vec!["blocker".to_string()],
-        "delete removed the LV"
-    );
+    run(binary("ironhorn-replica").to_str().unwrap(), &["delete", "--store", &store]).expect("delete");
+    assert_eq!(vg.lv_names(), vec!["blocker".to_string()], "delete removed the LV");
 }
 
 #[test]
@@ -380,13 +294,7 @@ fn bad_store_arguments_fail_with_one_line() {
     let vg = VolumeGroup::new(dir.path(), 64 << 20);
     let cases: Vec<(Vec<String>, &str)> = vec![
         (
-            vec![
-                "serve".into(),
-                "--store".into(),
-                "disk:/x".into(),
-                "--size".into(),
-                "1GiB".into(),
-            ],
+            vec!["serve".into(), "--store".into(), "disk:/x".into(), "--size".into(), "1GiB".into()],
             "expected file:PATH or lvm:VG/LV",
         ),
         (
@@ -414,35 +322,16 @@ fn bad_store_arguments_fail_with_one_line() {
             "free",
         ),
         (
-            vec![
-                "serve".into(),
-                "--store".into(),
-                "file:/tmp/x.img".into(),
-                "--size".into(),
-                "12XB".into(),
-            ],
+            vec!["serve".into(), "--store".into(), "file:/tmp/x.img".into(), "--size".into(), "12XB".into()],
             "unknown unit",
         ),
-        (
-            vec![
-                "delete".into(),
-                "--store".into(),
-                format!("lvm:{}/absent", vg.name),
-            ],
-            "not found",
-        ),
+        (vec!["delete".into(), "--store".into(), format!("lvm:{}/absent", vg.name)], "not found"),
     ];
     for (args, expect) in cases {
-        let out = std::process::Command::new(bin)
-            .args(&args)
-            .output()
-            .unwrap();
+        let out = std::process::Command::new(bin).args(&args).output().unwrap();
         assert!(!out.status.success(), "{args:?} must fail");
         let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            stderr.contains(expect),
-            "{args:?}: stderr {stderr:?} should say {expect:?}"
-        );
+        assert!(stderr.contains(expect), "{args:?}: stderr {stderr:?} should say {expect:?}");
     }
     assert!(vg.lv_names().is_empty(), "no half-created LV remains");
 }
@@ -464,28 +353,12 @@ fn bad_requests_get_errors_and_the_replica_keeps_serving() {
             assert!(unaligned.starts_with("INVALID_ARGUMENT"), "{unaligned}");
             let empty = s.write(0, Vec::new(), EPOCH).await.unwrap_err();
             assert!(empty.starts_with("INVALID_ARGUMENT"), "{empty}");
-            let unknown = check(
-                s.call(IoOp::Unspecified, 0, 0, Default::default(), EPOCH)
-                    .await
-                    .unwrap(),
-            )
-            .unwrap_err();
+            let unknown = check(s.call(IoOp::Unspecified, 0, 0, Default::default(), EPOCH).await.unwrap()).unwrap_err();
             assert!(unknown.starts_with("INVALID_ARGUMENT"), "{unknown}");
-            let missing = client
-                .snapshot_delete(SnapshotDeleteRequest {
-                    name: "nope".into(),
-                    epoch: EPOCH,
-                })
-                .await
-                .unwrap_err();
+            let missing =
+                client.snapshot_delete(SnapshotDeleteRequest { name: "nope".into(), epoch: EPOCH }).await.unwrap_err();
             assert_eq!(missing.code(), tonic::Code::NotFound);
-            let shrink = client
-                .expand(ExpandRequest {
-                    size_bytes: 4096,
-                    epoch: EPOCH,
-                })
-                .await
-                .unwrap_err();
+            let shrink = client.expand(ExpandRequest { size_bytes: 4096, epoch: EPOCH }).await.unwrap_err();
             assert_eq!(shrink.code(), tonic::Code::InvalidArgument);
             // Still serving, data intact.
             let data = s.read(0, BLOCK as u64, EPOCH).await.unwrap();
