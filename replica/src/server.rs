@@ -244,7 +244,9 @@ impl Replica for ReplicaService {
     }
 
     async fn extents(&self, request: Request<ExtentsRequest>) -> Result<Response<ExtentsResponse>, Status> {
-        let extents = self.store.extents(&request.into_inner().layer).map_err(status)?;
+        let r = request.into_inner();
+        let extents = if r.merged { self.store.allocation(r.offset, r.length) } else { self.store.extents(&r.layer) }
+            .map_err(status)?;
         Ok(Response::new(ExtentsResponse {
             extents: extents.into_iter().map(|e| Extent { offset: e.offset, length: e.length, zero: e.zero }).collect(),
         }))
@@ -261,11 +263,23 @@ impl Replica for ReplicaService {
         if r.length > MAX_MESSAGE_BYTES as u64 / 2 {
             return Err(Status::invalid_argument(format!("read of {} bytes is larger than one message", r.length)));
         }
-        let (data, states) = self.store.read_layer(&r.layer, r.offset, r.length).await.map_err(status)?;
+        let (data, states) = if r.merged {
+            let data = self.store.read_snapshot(&r.layer, r.offset, r.length).await.map_err(status)?;
+            (data, Vec::new())
+        } else {
+            self.store.read_layer(&r.layer, r.offset, r.length).await.map_err(status)?
+        };
         Ok(Response::new(ReadLayerResponse {
             data: Bytes::from_owner(data),
             block_state: states.into_iter().map(|s| s as u8).collect::<Vec<u8>>().into(),
         }))
+    }
+
+    async fn layer_insert(
+        &self,
+        request: Request<LayerInsertRequest>,
+    ) -> Result<Response<SnapshotListResponse>, Status> {
+        self.layer_insert_impl(request.into_inner()).await.map(Response::new)
     }
 
     async fn write_layer(&self, request: Request<WriteLayerRequest>) -> Result<Response<WriteLayerResponse>, Status> {
@@ -280,6 +294,11 @@ impl Replica for ReplicaService {
 }
 
 impl ReplicaService {
+    async fn layer_insert_impl(&self, r: LayerInsertRequest) -> Result<SnapshotListResponse, Status> {
+        self.store.layer_insert(r.epoch, &r.name, &r.below).await.map_err(status)?;
+        Ok(self.list())
+    }
+
     fn list(&self) -> SnapshotListResponse {
         SnapshotListResponse { snapshots: self.store.snapshot_list().into_iter().map(snapshot_message).collect() }
     }

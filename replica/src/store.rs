@@ -889,7 +889,8 @@ impl Store {
         self.read_view(None, offset, length).await.map(|(buf, _)| buf)
     }
 
-    /// Reads the volume as seen from snapshot `name` (its layer and older).
+    /// Reads the volume as seen from snapshot `name` (its layer and older;
+    /// empty: the head, i.e. the volume).
     pub async fn read_snapshot(&self, name: &str, offset: u64, length: u64) -> Result<AlignedBuf> {
         let _gate = self.gate.read().await;
         self.read_view(Some((name, false)), offset, length).await.map(|(buf, _)| buf)
@@ -1279,6 +1280,52 @@ impl Store {
         self.check_epoch(epoch).await?;
         let _gate = self.gate.read().await;
         self.zero_layer_range(layer, offset, length)
+    }
+
+    /// Inserts an empty sealed layer `name` directly below layer `below`
+    /// (empty: the head). No other layer's view changes; rebuilds use it to
+    /// give a replica a snapshot it missed.
+    pub async fn layer_insert(&self, epoch: u64, name: &str, below: &str) -> Result<()> {
+        Self::validate_snapshot_name(name)?;
+        self.structural(epoch, |meta| {
+            if meta.layers.iter().any(|l| l.name == name) {
+                return Err(StoreError::AlreadyExists(format!("snapshot {name:?}")));
+            }
+            let index = meta.layer_index(below)?;
+            let id = meta.next_layer_id;
+            meta.next_layer_id += 1;
+            let size = meta.sb.volume_size;
+            meta.layers.insert(
+                index,
+                Layer {
+                    id,
+                    name: name.to_string(),
+                    created_unix_ms: now_unix_ms(),
+                    size_bytes: size,
+                    map: BTreeMap::new(),
+                },
+            );
+            Ok(())
+        })
+        .await
+    }
+
+    /// Allocation of the volume as read within `[offset, offset+length)`:
+    /// coalesced ranges, `zero` where it reads as zeroes without data.
+    pub fn allocation(&self, offset: u64, length: u64) -> Result<Vec<Extent>> {
+        let meta = self.meta();
+        self.check_range(&meta, offset, length)?;
+        let head = meta.head_index();
+        let mut out: Vec<Extent> = Vec::new();
+        for lba in offset / BLOCK_SIZE..(offset + length) / BLOCK_SIZE {
+            let zero = meta.resolve(head, lba).is_none();
+            let at = lba * BLOCK_SIZE;
+            match out.last_mut() {
+                Some(last) if last.zero == zero => last.length += BLOCK_SIZE,
+                _ => out.push(Extent { offset: at, length: BLOCK_SIZE, zero }),
+            }
+        }
+        Ok(out)
     }
 
     /// A layer's mapped ranges, coalesced.

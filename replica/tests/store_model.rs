@@ -21,6 +21,7 @@ enum Op {
     SnapshotRevert(usize),
     Expand(u64),
     Reopen,
+    LayerInsert(usize),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -33,6 +34,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0usize..MAX_SNAPSHOTS).prop_map(Op::SnapshotRevert),
         1 => (1u64..17).prop_map(Op::Expand),
         1 => Just(Op::Reopen),
+        1 => (0usize..=MAX_SNAPSHOTS).prop_map(Op::LayerInsert),
     ]
 }
 
@@ -122,6 +124,21 @@ impl Harness {
                         content.resize(size as usize, 0);
                     }
                     self.config.volume_size = size;
+                }
+            }
+            Op::LayerInsert(i) => {
+                let n = self.model.snapshots.len();
+                if n < MAX_SNAPSHOTS {
+                    let i = (*i).min(n);
+                    let below = if i == n { String::new() } else { self.model.snapshots[i].0.clone() };
+                    let name = format!("ins-{}", self.model.next_name);
+                    self.model.next_name += 1;
+                    self.store().layer_insert(1, &name, &below).await.expect("layer insert");
+                    let content = match i {
+                        0 => vec![0; self.model.head.len()],
+                        _ => self.model.snapshots[i - 1].1.clone(),
+                    };
+                    self.model.snapshots.insert(i, (name, content));
                 }
             }
             Op::Reopen => {
