@@ -4,3 +4,7 @@
 pub mod replica {
     tonic::include_proto!("ironhorn.replica.v1");
 }
+
+pub mod engine {
+    tonic::include_proto!("ironhorn.engine.v1");
+}

@@ -1,0 +1,133 @@
+//! The engine's control gRPC service: an adapter over [`Volume`]. Volume
+//! errors map to gRPC codes in one place ([`status`]).
+
+use std::sync::Arc;
+
+use ironhorn_proto::engine::engine_server::{Engine, EngineServer};
+use ironhorn_proto::engine::*;
+use tonic::{Request, Response, Status};
+
+use crate::volume::{self, Volume, VolumeError};
+
+pub struct EngineService {
+    volume: Arc<Volume>,
+}
+
+impl EngineService {
+    pub fn new(volume: Arc<Volume>) -> EngineServer<Self> {
+        EngineServer::new(Self { volume })
+    }
+}
+
+fn status(e: VolumeError) -> Status {
+    let msg = e.to_string();
+    match e {
+        VolumeError::Invalid(_) => Status::invalid_argument(msg),
+        VolumeError::NotFound(_) => Status::not_found(msg),
+        VolumeError::Fenced(_) | VolumeError::Busy(_) => Status::failed_precondition(msg),
+        VolumeError::Io(_) => Status::unavailable(msg),
+    }
+}
+
+pub fn status_message(s: volume::VolumeStatus) -> StatusResponse {
+    StatusResponse {
+        volume: s.volume,
+        size_bytes: s.size_bytes,
+        epoch: s.epoch,
+        frontends: s.frontends,
+        replicas: s
+            .replicas
+            .into_iter()
+            .map(|r| ReplicaStatus { address: r.address, mode: format!("{:?}", r.mode), error: r.error })
+            .collect(),
+        rebuilds: s
+            .rebuilds
+            .into_iter()
+            .map(|r| RebuildStatus {
+                replica: r.replica,
+                source: r.source,
+                state: r.state,
+                compared_bytes: r.compared_bytes,
+                copied_bytes: r.copied_bytes,
+                total_bytes: r.total_bytes,
+                error: r.error,
+                method: r.method,
+                started_unix_ms: r.started_unix_ms,
+                finished_unix_ms: r.finished_unix_ms,
+            })
+            .collect(),
+        fenced: s.fenced,
+    }
+}
+
+impl EngineService {
+    async fn snapshots(&self) -> Result<Response<SnapshotListResponse>, Status> {
+        let list = self.volume.snapshot_list().await.map_err(status)?;
+        Ok(Response::new(SnapshotListResponse {
+            snapshots: list
+                .into_iter()
+                .map(|s| Snapshot { name: s.name, created_unix_ms: s.created_unix_ms, size_bytes: s.size_bytes })
+                .collect(),
+        }))
+    }
+}
+
+#[tonic::async_trait]
+impl Engine for EngineService {
+    async fn status(&self, _: Request<StatusRequest>) -> Result<Response<StatusResponse>, Status> {
+        Ok(Response::new(status_message(self.volume.status())))
+    }
+
+    async fn replica_add(&self, request: Request<ReplicaAddRequest>) -> Result<Response<StatusResponse>, Status> {
+        let req = request.into_inner();
+        if req.wait {
+            self.volume.add_replica(&req.address).await.map_err(status)?;
+        } else {
+            let volume = self.volume.clone();
+            tokio::spawn(async move {
+                if let Err(e) = volume.add_replica(&req.address).await {
+                    tracing::error!(replica = %req.address, error = %e, "replica add failed");
+                }
+            });
+        }
+        Ok(Response::new(status_message(self.volume.status())))
+    }
+
+    async fn replica_remove(&self, request: Request<ReplicaRemoveRequest>) -> Result<Response<StatusResponse>, Status> {
+        self.volume.remove_replica(&request.into_inner().address).map_err(status)?;
+        Ok(Response::new(status_message(self.volume.status())))
+    }
+
+    async fn snapshot_create(
+        &self,
+        request: Request<SnapshotRequest>,
+    ) -> Result<Response<SnapshotListResponse>, Status> {
+        self.volume.snapshot_create(&request.into_inner().name).await.map_err(status)?;
+        self.snapshots().await
+    }
+
+    async fn snapshot_list(&self, _: Request<SnapshotListRequest>) -> Result<Response<SnapshotListResponse>, Status> {
+        self.snapshots().await
+    }
+
+    async fn snapshot_delete(
+        &self,
+        request: Request<SnapshotRequest>,
+    ) -> Result<Response<SnapshotListResponse>, Status> {
+        self.volume.snapshot_delete(&request.into_inner().name).await.map_err(status)?;
+        self.snapshots().await
+    }
+
+    async fn snapshot_revert(
+        &self,
+        request: Request<SnapshotRequest>,
+    ) -> Result<Response<SnapshotListResponse>, Status> {
+        self.volume.snapshot_revert(&request.into_inner().name).await.map_err(status)?;
+        self.snapshots().await
+    }
+
+    async fn expand(&self, request: Request<ExpandRequest>) -> Result<Response<StatusResponse>, Status> {
+        self.volume.expand(request.into_inner().size_bytes).await.map_err(status)?;
+        Ok(Response::new(status_message(self.volume.status())))
+    }
+}

@@ -1,0 +1,86 @@
+//! ironhorn engine: one volume, fronted over NBD (and as a kernel block
+//! device), every write replicated to the volume's replicas.
+
+pub mod control;
+pub mod nbd;
+pub mod replica_conn;
+pub mod volume;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+pub struct ServeConfig {
+    pub volume: String,
+    pub size: u64,
+    pub epoch: u64,
+    pub replicas: Vec<String>,
+    pub nbd: Vec<nbd::Listen>,
+    pub blockdev: bool,
+    pub listen: SocketAddr,
+    pub replica_timeout: Duration,
+}
+
+/// Opens the volume, starts the frontends and the control server, and runs
+/// until SIGTERM or SIGINT (then flushes every replica).
+pub async fn serve(config: ServeConfig) -> Result<(), String> {
+    if config.replicas.is_empty() {
+        return Err("at least one --replica is needed".into());
+    }
+    if config.blockdev {
+        return Err("--blockdev is not available in this build yet: use --nbd".into());
+    }
+    let (volume, to_rebuild) =
+        volume::Volume::open(&config.volume, config.size, config.epoch, &config.replicas, config.replica_timeout)
+            .await
+            .map_err(|e| format!("open volume {}: {e}", config.volume))?;
+    for listen in &config.nbd {
+        let description =
+            nbd::listen(listen, volume.clone()).await.map_err(|e| format!("NBD listener {listen:?}: {e}"))?;
+        tracing::info!(frontend = %description, "NBD frontend ready");
+        volume.add_frontend(description);
+    }
+    let listener =
+        tokio::net::TcpListener::bind(config.listen).await.map_err(|e| format!("listen on {}: {e}", config.listen))?;
+    let local = listener.local_addr().map_err(|e| e.to_string())?;
+    if !to_rebuild.is_empty() {
+        tracing::info!(replicas = ?to_rebuild, "rebuilding replicas that are behind");
+        tokio::spawn(volume.clone().rebuild_all(to_rebuild));
+    }
+    println!("listening on {local}");
+    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    let shutdown = async {
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+    };
+    tonic::transport::Server::builder()
+        .add_service(control::EngineService::new(volume.clone()))
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await
+        .map_err(|e| format!("control server: {e}"))?;
+    tracing::info!("shutting down: flushing replicas");
+    if let Err(e) = volume.flush().await {
+        tracing::warn!(error = %e, "final flush failed");
+    }
+    Ok(())
+}
+
+/// Parses sizes such as `1GiB`, `512MiB`, `4096`.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, unit) = t.split_at(split);
+    let value: u64 = digits.parse().map_err(|_| format!("size {text:?}: expected a number with an optional unit"))?;
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        other => return Err(format!("size {text:?}: unknown unit {other:?}")),
+    };
+    value.checked_mul(1u64 << shift).ok_or_else(|| format!("size {text:?} is too large"))
+}

@@ -1,0 +1,214 @@
+//! `ironhorn-engine`: serve a volume, or drive a running engine.
+
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use ironhorn_engine::{ServeConfig, control, nbd, parse_size};
+use ironhorn_proto::engine::engine_client::EngineClient;
+use ironhorn_proto::engine::*;
+
+#[derive(Parser)]
+#[command(name = "ironhorn-engine", about = "The engine of one ironhorn volume")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve a volume over NBD (and as a block device) from its replicas.
+    Serve {
+        #[arg(long)]
+        volume: String,
+        #[arg(long, value_parser = parse_size)]
+        size: u64,
+        /// Fencing epoch; must be higher than any earlier engine's.
+        #[arg(long)]
+        epoch: u64,
+        /// Replica gRPC address; repeat for each replica.
+        #[arg(long = "replica", required = true)]
+        replicas: Vec<String>,
+        /// NBD listener: unix:PATH or tcp:HOST:PORT; repeatable.
+        #[arg(long)]
+        nbd: Vec<nbd::Listen>,
+        /// Also expose the volume as /dev/ironhorn/<volume>.
+        #[arg(long)]
+        blockdev: bool,
+        /// Control gRPC address (port 0 picks one; it is printed).
+        #[arg(long, default_value = "127.0.0.1:9600")]
+        listen: std::net::SocketAddr,
+        /// Seconds a replica may take to answer before it is dropped.
+        #[arg(long, default_value_t = 8)]
+        replica_timeout: u64,
+    },
+    /// Print the engine's status as JSON.
+    Status {
+        #[arg(long)]
+        engine: String,
+    },
+    /// Add or remove a replica.
+    Replica {
+        #[command(subcommand)]
+        action: ReplicaAction,
+    },
+    /// Snapshot operations.
+    Snapshot {
+        #[command(subcommand)]
+        action: SnapshotAction,
+    },
+    /// Grow the volume.
+    Expand {
+        #[arg(long)]
+        engine: String,
+        #[arg(long, value_parser = parse_size)]
+        size: u64,
+    },
+}
+
+#[derive(Subcommand)]
+enum ReplicaAction {
+    /// Add a replica and rebuild it (waits until it is RW unless --no-wait).
+    Add {
+        #[arg(long)]
+        engine: String,
+        #[arg(long)]
+        replica: String,
+        #[arg(long)]
+        no_wait: bool,
+    },
+    Remove {
+        #[arg(long)]
+        engine: String,
+        #[arg(long)]
+        replica: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum SnapshotAction {
+    Create {
+        #[arg(long)]
+        engine: String,
+        name: String,
+    },
+    List {
+        #[arg(long)]
+        engine: String,
+    },
+    Delete {
+        #[arg(long)]
+        engine: String,
+        name: String,
+    },
+    Revert {
+        #[arg(long)]
+        engine: String,
+        name: String,
+    },
+}
+
+async fn client(address: &str) -> Result<EngineClient<tonic::transport::Channel>, String> {
+    EngineClient::connect(format!("http://{address}")).await.map_err(|e| format!("connect to engine {address}: {e}"))
+}
+
+fn print_status(s: StatusResponse) {
+    let replicas: Vec<_> = s
+        .replicas
+        .iter()
+        .map(|r| serde_json::json!({"address": r.address, "mode": r.mode, "error": r.error}))
+        .collect();
+    let rebuilds: Vec<_> = s
+        .rebuilds
+        .iter()
+        .map(|r| {
+            serde_json::json!({
+                "replica": r.replica, "source": r.source, "state": r.state, "method": r.method,
+                "compared_bytes": r.compared_bytes, "copied_bytes": r.copied_bytes, "total_bytes": r.total_bytes,
+                "error": r.error, "started_unix_ms": r.started_unix_ms, "finished_unix_ms": r.finished_unix_ms,
+            })
+        })
+        .collect();
+    let json = serde_json::json!({
+        "volume": s.volume, "size_bytes": s.size_bytes, "epoch": s.epoch, "frontends": s.frontends,
+        "replicas": replicas, "rebuilds": rebuilds, "fenced": s.fenced,
+    });
+    println!("{}", serde_json::to_string_pretty(&json).expect("json"));
+}
+
+fn print_snapshots(l: SnapshotListResponse) {
+    let list: Vec<_> = l
+        .snapshots
+        .iter()
+        .map(|s| serde_json::json!({"name": s.name, "created_unix_ms": s.created_unix_ms, "size_bytes": s.size_bytes}))
+        .collect();
+    println!("{}", serde_json::to_string_pretty(&list).expect("json"));
+}
+
+async fn drive(command: Command) -> Result<(), String> {
+    let fail = |e: tonic::Status| e.message().to_string();
+    match command {
+        Command::Serve { volume, size, epoch, replicas, nbd, blockdev, listen, replica_timeout } => {
+            ironhorn_engine::serve(ServeConfig {
+                volume,
+                size,
+                epoch,
+                replicas,
+                nbd,
+                blockdev,
+                listen,
+                replica_timeout: Duration::from_secs(replica_timeout),
+            })
+            .await
+        }
+        Command::Status { engine } => {
+            let s = client(&engine).await?.status(StatusRequest {}).await.map_err(fail)?;
+            print_status(s.into_inner());
+            Ok(())
+        }
+        Command::Replica { action: ReplicaAction::Add { engine, replica, no_wait } } => {
+            let req = ReplicaAddRequest { address: replica, wait: !no_wait };
+            print_status(client(&engine).await?.replica_add(req).await.map_err(fail)?.into_inner());
+            Ok(())
+        }
+        Command::Replica { action: ReplicaAction::Remove { engine, replica } } => {
+            let req = ReplicaRemoveRequest { address: replica };
+            print_status(client(&engine).await?.replica_remove(req).await.map_err(fail)?.into_inner());
+            Ok(())
+        }
+        Command::Snapshot { action } => {
+            let list = match action {
+                SnapshotAction::Create { engine, name } => {
+                    client(&engine).await?.snapshot_create(SnapshotRequest { name }).await
+                }
+                SnapshotAction::List { engine } => client(&engine).await?.snapshot_list(SnapshotListRequest {}).await,
+                SnapshotAction::Delete { engine, name } => {
+                    client(&engine).await?.snapshot_delete(SnapshotRequest { name }).await
+                }
+                SnapshotAction::Revert { engine, name } => {
+                    client(&engine).await?.snapshot_revert(SnapshotRequest { name }).await
+                }
+            };
+            print_snapshots(list.map_err(fail)?.into_inner());
+            Ok(())
+        }
+        Command::Expand { engine, size } => {
+            let s = client(&engine).await?.expand(ExpandRequest { size_bytes: size }).await.map_err(fail)?;
+            print_status(s.into_inner());
+            Ok(())
+        }
+    }
+}
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let _ = control::status_message;
+    if let Err(e) = runtime.block_on(drive(cli.command)) {
+        eprintln!("ironhorn-engine: {e}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,179 @@
+//! A connection from the engine to one replica: the pipelined `Io` stream
+//! (requests tagged with ids, answered in any order) plus the unary client.
+//!
+//! Requests are queued on an unbounded channel, so the engine can enqueue
+//! one request to every replica under one short lock and keep the same
+//! order on every stream; the engine bounds how many are in flight. When the
+//! stream breaks, every waiting request fails at once.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use ironhorn_proto::replica::replica_client::ReplicaClient;
+use ironhorn_proto::replica::{IoOp, IoRequest, IoResponse, IoStatus};
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tonic::transport::{Channel, Endpoint};
+
+const MAX_MESSAGE_BYTES: usize = 64 << 20;
+
+/// How one replica request ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReplicaError {
+    /// The replica refused the request itself (bad range, unknown name).
+    Invalid(String),
+    /// The replica has seen a newer engine epoch: this engine is stale.
+    Fenced(String),
+    /// Anything that makes the replica unusable: I/O error, no space,
+    /// timeout, broken connection.
+    Failed(String),
+}
+
+impl std::fmt::Display for ReplicaError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Invalid(m) => write!(f, "invalid request: {m}"),
+            Self::Fenced(m) => write!(f, "fenced: {m}"),
+            Self::Failed(m) => write!(f, "{m}"),
+        }
+    }
+}
+
+type Waiters = Arc<Mutex<HashMap<u64, oneshot::Sender<IoResponse>>>>;
+
+pub struct ReplicaConn {
+    pub address: String,
+    client: ReplicaClient<Channel>,
+    tx: mpsc::UnboundedSender<IoRequest>,
+    waiting: Waiters,
+    next_id: AtomicU64,
+    broken: Arc<AtomicBool>,
+    timeout: Duration,
+}
+
+pub fn status_error(status: tonic::Status) -> ReplicaError {
+    match status.code() {
+        tonic::Code::InvalidArgument | tonic::Code::NotFound | tonic::Code::AlreadyExists => {
+            ReplicaError::Invalid(status.message().to_string())
+        }
+        tonic::Code::FailedPrecondition => ReplicaError::Fenced(status.message().to_string()),
+        _ => ReplicaError::Failed(format!("{}: {}", status.code(), status.message())),
+    }
+}
+
+impl ReplicaConn {
+    /// Connects (bounded by `timeout`) and opens the data stream.
+    pub async fn connect(address: &str, timeout: Duration) -> Result<ReplicaConn, ReplicaError> {
+        let endpoint = Endpoint::from_shared(format!("http://{address}"))
+            .map_err(|e| ReplicaError::Invalid(format!("replica address {address:?}: {e}")))?
+            .tcp_nodelay(true)
+            .connect_timeout(timeout)
+            .http2_keep_alive_interval(Duration::from_secs(5))
+            .keep_alive_timeout(timeout);
+        let channel = tokio::time::timeout(timeout, endpoint.connect())
+            .await
+            .map_err(|_| ReplicaError::Failed(format!("connect to replica {address}: timed out")))?
+            .map_err(|e| ReplicaError::Failed(format!("connect to replica {address}: {e}")))?;
+        let mut client = ReplicaClient::new(channel)
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES);
+        let (tx, rx) = mpsc::unbounded_channel::<IoRequest>();
+        let mut responses = tokio::time::timeout(timeout, client.io(UnboundedReceiverStream::new(rx)))
+            .await
+            .map_err(|_| ReplicaError::Failed(format!("open data stream to {address}: timed out")))?
+            .map_err(|e| ReplicaError::Failed(format!("open data stream to {address}: {e}")))?
+            .into_inner();
+        let waiting: Waiters = Default::default();
+        let broken = Arc::new(AtomicBool::new(false));
+        let (w, b, a) = (waiting.clone(), broken.clone(), address.to_string());
+        tokio::spawn(async move {
+            loop {
+                match responses.message().await {
+                    Ok(Some(resp)) => {
+                        if let Some(tx) = w.lock().expect("waiters").remove(&resp.id) {
+                            let _ = tx.send(resp);
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        tracing::warn!(replica = %a, error = %e, "data stream failed");
+                        break;
+                    }
+                }
+            }
+            b.store(true, Ordering::SeqCst);
+            // Dropping the senders fails every request still waiting.
+            w.lock().expect("waiters").clear();
+        });
+        Ok(ReplicaConn {
+            address: address.to_string(),
+            client,
+            tx,
+            waiting,
+            next_id: AtomicU64::new(1),
+            broken,
+            timeout,
+        })
+    }
+
+    pub fn client(&self) -> ReplicaClient<Channel> {
+        self.client.clone()
+    }
+
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Queues a request on the stream without waiting; the receiver yields
+    /// the response. Never blocks, so callers may hold a lock around it.
+    pub fn enqueue(&self, op: IoOp, offset: u64, length: u64, data: Bytes, epoch: u64, fua: bool) -> Pending {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        if self.broken.load(Ordering::SeqCst) {
+            return Pending { rx, timeout: self.timeout };
+        }
+        self.waiting.lock().expect("waiters").insert(id, tx);
+        let req = IoRequest { id, op: op as i32, offset, length, data, epoch, fua };
+        if self.tx.send(req).is_err() {
+            self.waiting.lock().expect("waiters").remove(&id);
+        }
+        Pending { rx, timeout: self.timeout }
+    }
+}
+
+/// A queued request's response, bounded by the replica timeout.
+pub struct Pending {
+    rx: oneshot::Receiver<IoResponse>,
+    timeout: Duration,
+}
+
+impl Pending {
+    pub async fn wait(self) -> Result<Bytes, ReplicaError> {
+        let resp = match tokio::time::timeout(self.timeout, self.rx).await {
+            Err(_) => return Err(ReplicaError::Failed(format!("no answer within {:?}", self.timeout))),
+            Ok(Err(_)) => return Err(ReplicaError::Failed("connection lost".into())),
+            Ok(Ok(resp)) => resp,
+        };
+        match IoStatus::try_from(resp.status) {
+            Ok(IoStatus::Ok) => Ok(resp.data),
+            Ok(IoStatus::InvalidArgument) => Err(ReplicaError::Invalid(resp.message)),
+            Ok(IoStatus::Fenced) => Err(ReplicaError::Fenced(resp.message)),
+            _ => Err(ReplicaError::Failed(resp.message)),
+        }
+    }
+}
+
+/// Runs a unary call bounded by `timeout`.
+pub async fn unary<T>(
+    timeout: Duration,
+    call: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+) -> Result<T, ReplicaError> {
+    match tokio::time::timeout(timeout, call).await {
+        Err(_) => Err(ReplicaError::Failed(format!("no answer within {timeout:?}"))),
+        Ok(Err(status)) => Err(status_error(status)),
+        Ok(Ok(resp)) => Ok(resp.into_inner()),
+    }
+}

@@ -1,0 +1,948 @@
+//! The replicator: one volume over N replicas.
+//!
+//! - Writes, trims and flushes go to every RW and WO replica, enqueued under
+//!   one lock so every replica's stream sees them in the same order; they
+//!   complete when every RW replica answered. A replica that fails or does
+//!   not answer within the timeout becomes ERR and gets no more I/O.
+//! - Reads go to one RW replica, round robin; on failure the next is tried.
+//! - A replica answering FENCED means a newer engine exists: this engine
+//!   stops serving I/O at once.
+//! - While a replica is out, the engine records which 1 MiB chunks were
+//!   written (its dirty map) so a rebuild on its old store copies only those;
+//!   without a trustworthy map, rebuilds compare per-chunk checksums, which
+//!   also makes an interrupted rebuild resume instead of restarting.
+//! - Rebuild (one at a time): at one point in the write stream every replica,
+//!   the newcomer included, seals its head into a snapshot and the newcomer
+//!   joins as WO, so live writes land in its head; the sealed layers are then
+//!   made identical to the source's, checked by checksums, and the newcomer
+//!   flips to RW.
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::future::join_all;
+use ironhorn_proto::replica::{
+    ChecksumsRequest, ExpandRequest, ExtentsRequest, InfoRequest, InfoResponse, IoOp, LayerInsertRequest,
+    ReadLayerRequest, SetEpochRequest, SnapshotCreateRequest, SnapshotDeleteRequest, SnapshotListRequest,
+    SnapshotRevertRequest, WriteLayerRequest,
+};
+use serde::Serialize;
+use thiserror::Error;
+
+use crate::replica_conn::{ReplicaConn, ReplicaError, unary};
+
+pub const BLOCK: u64 = 4096;
+/// Granularity of dirty maps and rebuild comparisons.
+pub const CHUNK: u64 = 1 << 20;
+/// Largest single read or write the volume takes.
+pub const MAX_IO_BYTES: u64 = 4 << 20;
+const REBUILD_PREFIX: &str = "ironhorn-rebuild-";
+const CHECKSUM_BATCH_CHUNKS: u64 = 256;
+
+#[derive(Debug, Error)]
+pub enum VolumeError {
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    #[error("I/O error: {0}")]
+    Io(String),
+    #[error("engine is fenced by a newer engine: {0}")]
+    Fenced(String),
+    #[error("{0}")]
+    Busy(String),
+    #[error("{0} not found")]
+    NotFound(String),
+}
+
+type Result<T> = std::result::Result<T, VolumeError>;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum Mode {
+    RW,
+    WO,
+    ERR,
+}
+
+pub struct Replica {
+    pub address: String,
+    conn: ReplicaConn,
+    state: Mutex<(Mode, String)>,
+}
+
+impl Replica {
+    pub fn mode(&self) -> Mode {
+        self.state.lock().expect("replica state").0
+    }
+    fn set(&self, mode: Mode, why: &str) {
+        *self.state.lock().expect("replica state") = (mode, why.to_string());
+    }
+    fn error(&self) -> String {
+        self.state.lock().expect("replica state").1.clone()
+    }
+}
+
+/// Chunks written while a replica was out. `complete` is false when the
+/// map cannot be trusted (the replica failed mid-rebuild, a revert ran).
+struct DirtyMap {
+    chunks: BTreeSet<u64>,
+    complete: bool,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct RebuildStatus {
+    pub replica: String,
+    pub source: String,
+    pub state: String,
+    pub method: String,
+    pub compared_bytes: u64,
+    pub copied_bytes: u64,
+    pub total_bytes: u64,
+    pub error: String,
+    pub started_unix_ms: u64,
+    pub finished_unix_ms: u64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ReplicaStatus {
+    pub address: String,
+    pub mode: Mode,
+    pub error: String,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct VolumeStatus {
+    pub volume: String,
+    pub size_bytes: u64,
+    pub epoch: u64,
+    pub frontends: Vec<String>,
+    pub replicas: Vec<ReplicaStatus>,
+    pub rebuilds: Vec<RebuildStatus>,
+    pub fenced: bool,
+}
+
+pub struct Volume {
+    pub name: String,
+    pub epoch: u64,
+    size: AtomicU64,
+    replicas: RwLock<Vec<Arc<Replica>>>,
+    /// Held while enqueueing one request on every replica stream.
+    dispatch: Mutex<()>,
+    /// I/O holds it shared; snapshots and joins hold it exclusively, so
+    /// they happen at one point in the write stream.
+    pause: tokio::sync::RwLock<()>,
+    read_next: AtomicUsize,
+    timeout: Duration,
+    dirty: Mutex<HashMap<String, DirtyMap>>,
+    rebuilds: Mutex<VecDeque<RebuildStatus>>,
+    rebuild_lock: tokio::sync::Mutex<()>,
+    rebuild_seq: AtomicU64,
+    fenced: AtomicBool,
+    frontends: Mutex<Vec<String>>,
+    /// Replicas given to the engine that it could not reach: (address, why).
+    unreachable: Mutex<Vec<(String, String)>>,
+}
+
+pub fn now_unix_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+fn replica_error(address: &str, e: ReplicaError) -> VolumeError {
+    match e {
+        ReplicaError::Invalid(m) => VolumeError::Invalid(format!("replica {address}: {m}")),
+        ReplicaError::Fenced(m) => VolumeError::Fenced(format!("replica {address}: {m}")),
+        ReplicaError::Failed(m) => VolumeError::Io(format!("replica {address}: {m}")),
+    }
+}
+
+impl Volume {
+    /// Connects to the replicas, raises their epoch, and decides who serves:
+    /// the replica with the newest revision, and every replica whose data
+    /// matches it; the rest are listed ERR and returned for rebuild.
+    pub async fn open(
+        name: &str,
+        size: u64,
+        epoch: u64,
+        addresses: &[String],
+        timeout: Duration,
+    ) -> Result<(Arc<Volume>, Vec<String>)> {
+        if size == 0 || size % BLOCK != 0 {
+            return Err(VolumeError::Invalid(format!("volume size {size} must be a positive multiple of {BLOCK}")));
+        }
+        let volume = Arc::new(Volume {
+            name: name.to_string(),
+            epoch,
+            size: AtomicU64::new(size),
+            replicas: RwLock::new(Vec::new()),
+            dispatch: Mutex::new(()),
+            pause: tokio::sync::RwLock::new(()),
+            read_next: AtomicUsize::new(0),
+            timeout,
+            dirty: Mutex::new(HashMap::new()),
+            rebuilds: Mutex::new(VecDeque::new()),
+            rebuild_lock: tokio::sync::Mutex::new(()),
+            rebuild_seq: AtomicU64::new(0),
+            fenced: AtomicBool::new(false),
+            frontends: Mutex::new(Vec::new()),
+            unreachable: Mutex::new(Vec::new()),
+        });
+        let mut joined: Vec<(Arc<Replica>, InfoResponse)> = Vec::new();
+        let mut rebuild = Vec::new();
+        for address in addresses {
+            match volume.prepare_replica(address).await {
+                Ok((conn, info)) if info.size_bytes == size => {
+                    let r = Arc::new(Replica {
+                        address: address.clone(),
+                        conn,
+                        state: Mutex::new((Mode::ERR, String::new())),
+                    });
+                    joined.push((r, info));
+                }
+                Ok((conn, info)) => {
+                    let why = format!("replica holds {} bytes, volume is {size}", info.size_bytes);
+                    tracing::warn!(replica = %address, "{why}");
+                    let r = Arc::new(Replica { address: address.clone(), conn, state: Mutex::new((Mode::ERR, why)) });
+                    volume.replicas.write().expect("replicas").push(r);
+                    rebuild.push(address.clone());
+                }
+                Err(VolumeError::Fenced(m)) => return Err(VolumeError::Fenced(m)),
+                Err(e) => {
+                    tracing::warn!(replica = %address, error = %e, "replica unavailable at start");
+                    volume.unreachable.lock().expect("unreachable").push((address.clone(), e.to_string()));
+                    rebuild.push(address.clone());
+                }
+            }
+        }
+        let Some(source_index) = (0..joined.len()).max_by_key(|&i| (joined[i].1.revision_counter, usize::MAX - i))
+        else {
+            return Err(VolumeError::Io("no replica is reachable".into()));
+        };
+        let source = joined[source_index].0.clone();
+        source.set(Mode::RW, "");
+        for (i, (r, info)) in joined.iter().enumerate() {
+            if i != source_index {
+                match same_data(&source, r, size, timeout).await {
+                    Ok(true) => r.set(Mode::RW, ""),
+                    Ok(false) => {
+                        tracing::info!(replica = %r.address, revision = info.revision_counter, "replica differs from the newest; will rebuild");
+                        r.set(Mode::ERR, "differs from the newest replica at start");
+                        rebuild.push(r.address.clone());
+                    }
+                    Err(e) => {
+                        r.set(Mode::ERR, &e.to_string());
+                        rebuild.push(r.address.clone());
+                    }
+                }
+            }
+            tracing::info!(replica = %r.address, revision = info.revision_counter, clean = info.clean_at_open, mode = ?r.mode(), "replica at start");
+            volume.replicas.write().expect("replicas").push(r.clone());
+        }
+        Ok((volume, rebuild))
+    }
+
+    /// Connects and fences: the replica remembers our epoch from now on.
+    async fn prepare_replica(&self, address: &str) -> Result<(ReplicaConn, InfoResponse)> {
+        let conn = ReplicaConn::connect(address, self.timeout).await.map_err(|e| replica_error(address, e))?;
+        let info = unary(self.timeout, conn.client().set_epoch(SetEpochRequest { epoch: self.epoch }))
+            .await
+            .map_err(|e| replica_error(address, e))?;
+        Ok((conn, info))
+    }
+
+    pub fn size(&self) -> u64 {
+        self.size.load(Ordering::SeqCst)
+    }
+
+    pub fn add_frontend(&self, description: String) {
+        self.frontends.lock().expect("frontends").push(description);
+    }
+
+    fn check_range(&self, offset: u64, length: u64) -> Result<()> {
+        if length == 0 {
+            return Err(VolumeError::Invalid(format!("zero-length request at {offset}")));
+        }
+        if offset % BLOCK != 0 || length % BLOCK != 0 {
+            return Err(VolumeError::Invalid(format!(
+                "offset {offset} and length {length} must be multiples of {BLOCK}"
+            )));
+        }
+        if offset.checked_add(length).is_none_or(|end| end > self.size()) {
+            return Err(VolumeError::Invalid(format!(
+                "range {offset}+{length} ends past the volume size {}",
+                self.size()
+            )));
+        }
+        Ok(())
+    }
+
+    fn check_fenced(&self) -> Result<()> {
+        if self.fenced.load(Ordering::SeqCst) {
+            return Err(VolumeError::Fenced(format!("epoch {} is no longer current", self.epoch)));
+        }
+        Ok(())
+    }
+
+    fn replicas_in(&self, modes: &[Mode]) -> Vec<Arc<Replica>> {
+        self.replicas.read().expect("replicas").iter().filter(|r| modes.contains(&r.mode())).cloned().collect()
+    }
+
+    /// Takes a replica out of service and starts its dirty map.
+    fn fail_replica(&self, replica: &Replica, why: &str) {
+        let mut dirty = self.dirty.lock().expect("dirty");
+        let was = replica.mode();
+        if was == Mode::ERR {
+            return;
+        }
+        // A replica failing mid-rebuild has an unknown amount left to copy.
+        dirty.entry(replica.address.clone()).or_insert(DirtyMap { chunks: BTreeSet::new(), complete: was == Mode::RW });
+        replica.set(Mode::ERR, why);
+        tracing::error!(replica = %replica.address, was = ?was, reason = why, "replica failed");
+    }
+
+    fn mark_dirty(&self, offset: u64, length: u64, only: Option<&str>) {
+        let mut dirty = self.dirty.lock().expect("dirty");
+        for (address, map) in dirty.iter_mut() {
+            if only.is_none_or(|a| a == address) {
+                map.chunks.extend(offset / CHUNK..(offset + length).div_ceil(CHUNK));
+            }
+        }
+    }
+
+    /// Sends one request to every writable replica in the same stream
+    /// order, and settles the outcome.
+    async fn replicate(&self, op: IoOp, offset: u64, length: u64, data: Bytes, fua: bool) -> Result<()> {
+        let _pause = self.pause.read().await;
+        self.check_fenced()?;
+        let (targets, pending) = {
+            let _order = self.dispatch.lock().expect("dispatch");
+            let targets: Vec<(Arc<Replica>, Mode)> = self
+                .replicas
+                .read()
+                .expect("replicas")
+                .iter()
+                .filter_map(|r| {
+                    let mode = r.mode();
+                    (mode != Mode::ERR).then(|| (r.clone(), mode))
+                })
+                .collect();
+            let pending: Vec<_> = targets
+                .iter()
+                .map(|(r, _)| r.conn.enqueue(op, offset, length, data.clone(), self.epoch, fua))
+                .collect();
+            (targets, pending)
+        };
+        if op != IoOp::Flush {
+            self.mark_dirty(offset, length, None);
+        }
+        let results = join_all(pending.into_iter().map(|p| p.wait())).await;
+        let mut rw_ok = 0;
+        let mut last_error = String::from("no RW replica");
+        for ((replica, mode), result) in targets.iter().zip(results) {
+            match result {
+                Ok(_) => {
+                    if *mode == Mode::RW {
+                        rw_ok += 1;
+                    }
+                }
+                Err(ReplicaError::Fenced(m)) => {
+                    self.fenced.store(true, Ordering::SeqCst);
+                    tracing::error!(replica = %replica.address, "fenced: {m}; this engine stops serving");
+                    return Err(VolumeError::Fenced(m));
+                }
+                Err(e) => {
+                    last_error = format!("replica {}: {e}", replica.address);
+                    self.fail_replica(replica, &e.to_string());
+                    if op != IoOp::Flush {
+                        self.mark_dirty(offset, length, Some(&replica.address));
+                    }
+                }
+            }
+        }
+        if rw_ok == 0 {
+            return Err(VolumeError::Io(format!("{op:?} at {offset}: no healthy replica took it ({last_error})")));
+        }
+        Ok(())
+    }
+
+    pub async fn write(&self, offset: u64, data: Bytes, fua: bool) -> Result<()> {
+        let length = data.len() as u64;
+        self.check_range(offset, length)?;
+        if length > MAX_IO_BYTES {
+            return Err(VolumeError::Invalid(format!("write of {length} bytes exceeds {MAX_IO_BYTES}")));
+        }
+        self.replicate(IoOp::Write, offset, length, data, fua).await
+    }
+
+    pub async fn trim(&self, offset: u64, length: u64, fua: bool) -> Result<()> {
+        self.check_range(offset, length)?;
+        self.replicate(IoOp::Trim, offset, length, Bytes::new(), fua).await
+    }
+
+    pub async fn flush(&self) -> Result<()> {
+        self.replicate(IoOp::Flush, 0, 0, Bytes::new(), false).await
+    }
+
+    pub async fn read(&self, offset: u64, length: u64) -> Result<Bytes> {
+        self.check_range(offset, length)?;
+        if length > MAX_IO_BYTES {
+            return Err(VolumeError::Invalid(format!("read of {length} bytes exceeds {MAX_IO_BYTES}")));
+        }
+        let _pause = self.pause.read().await;
+        self.check_fenced()?;
+        let healthy = self.replicas_in(&[Mode::RW]);
+        if healthy.is_empty() {
+            return Err(VolumeError::Io("no healthy replica".into()));
+        }
+        let start = self.read_next.fetch_add(1, Ordering::Relaxed);
+        let mut last_error = String::new();
+        for i in 0..healthy.len() {
+            let replica = &healthy[(start + i) % healthy.len()];
+            match replica.conn.enqueue(IoOp::Read, offset, length, Bytes::new(), self.epoch, false).wait().await {
+                Ok(data) if data.len() as u64 == length => return Ok(data),
+                Ok(data) => {
+                    let why = format!("read returned {} of {length} bytes", data.len());
+                    self.fail_replica(replica, &why);
+                    last_error = why;
+                }
+                Err(ReplicaError::Fenced(m)) => {
+                    self.fenced.store(true, Ordering::SeqCst);
+                    return Err(VolumeError::Fenced(m));
+                }
+                Err(e) => {
+                    // A checksum mismatch or I/O error: this copy is bad;
+                    // the next replica serves and this one gets rebuilt.
+                    last_error = format!("replica {}: {e}", replica.address);
+                    self.fail_replica(replica, &e.to_string());
+                }
+            }
+        }
+        Err(VolumeError::Io(format!("read at {offset}: every replica failed ({last_error})")))
+    }
+
+    /// Allocation of `[offset, offset+length)`: (offset, length, zero) runs.
+    pub async fn allocation(&self, offset: u64, length: u64) -> Result<Vec<(u64, u64, bool)>> {
+        self.check_range(offset, length)?;
+        let healthy = self.replicas_in(&[Mode::RW]);
+        let replica = healthy.first().ok_or_else(|| VolumeError::Io("no healthy replica".into()))?;
+        let extents = unary(
+            self.timeout,
+            replica.conn.client().extents(ExtentsRequest { layer: String::new(), merged: true, offset, length }),
+        )
+        .await
+        .map_err(|e| replica_error(&replica.address, e))?;
+        Ok(extents.extents.into_iter().map(|e| (e.offset, e.length, e.zero)).collect())
+    }
+
+    /// Runs a unary operation on every writable replica; replicas that fail
+    /// it leave the volume. Fails when no RW replica succeeded.
+    async fn on_all<T, F, Fut>(&self, what: &str, call: F) -> Result<Vec<T>>
+    where
+        F: Fn(Arc<Replica>) -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<T, ReplicaError>>,
+    {
+        let targets = self.replicas_in(&[Mode::RW, Mode::WO]);
+        let results = join_all(targets.iter().map(|r| call(r.clone()))).await;
+        let mut out = Vec::new();
+        let mut first_invalid = None;
+        for (replica, result) in targets.iter().zip(results) {
+            match result {
+                Ok(v) => {
+                    if replica.mode() == Mode::RW {
+                        out.push(v);
+                    }
+                }
+                Err(ReplicaError::Invalid(m)) => first_invalid = first_invalid.or(Some(m)),
+                Err(ReplicaError::Fenced(m)) => {
+                    self.fenced.store(true, Ordering::SeqCst);
+                    return Err(VolumeError::Fenced(m));
+                }
+                Err(e) => self.fail_replica(replica, &format!("{what}: {e}")),
+            }
+        }
+        if let Some(m) = first_invalid {
+            return Err(VolumeError::Invalid(m));
+        }
+        if out.is_empty() {
+            return Err(VolumeError::Io(format!("{what}: no healthy replica")));
+        }
+        Ok(out)
+    }
+
+    pub async fn snapshot_create(&self, name: &str) -> Result<()> {
+        let _pause = self.pause.write().await;
+        self.check_fenced()?;
+        let epoch = self.epoch;
+        self.on_all("snapshot create", |r| {
+            let name = name.to_string();
+            async move {
+                unary(r.conn.timeout(), r.conn.client().snapshot_create(SnapshotCreateRequest { name, epoch })).await
+            }
+        })
+        .await
+        .map(drop)
+    }
+
+    pub async fn snapshot_list(&self) -> Result<Vec<ironhorn_proto::replica::Snapshot>> {
+        let healthy = self.replicas_in(&[Mode::RW]);
+        let replica = healthy.first().ok_or_else(|| VolumeError::Io("no healthy replica".into()))?;
+        let list = unary(self.timeout, replica.conn.client().snapshot_list(SnapshotListRequest {}))
+            .await
+            .map_err(|e| replica_error(&replica.address, e))?;
+        Ok(list.snapshots.into_iter().filter(|s| !s.name.starts_with(REBUILD_PREFIX)).collect())
+    }
+
+    pub async fn snapshot_delete(&self, name: &str) -> Result<()> {
+        let _one = self.rebuild_lock.lock().await;
+        self.check_fenced()?;
+        let epoch = self.epoch;
+        self.on_all("snapshot delete", |r| {
+            let name = name.to_string();
+            async move {
+                unary(r.conn.timeout(), r.conn.client().snapshot_delete(SnapshotDeleteRequest { name, epoch })).await
+            }
+        })
+        .await
+        .map(drop)
+    }
+
+    pub async fn snapshot_revert(&self, name: &str) -> Result<()> {
+        let _one = self.rebuild_lock.lock().await;
+        let _pause = self.pause.write().await;
+        self.check_fenced()?;
+        let epoch = self.epoch;
+        self.on_all("snapshot revert", |r| {
+            let name = name.to_string();
+            async move {
+                unary(r.conn.timeout(), r.conn.client().snapshot_revert(SnapshotRevertRequest { name, epoch })).await
+            }
+        })
+        .await?;
+        // Replicas that are out missed the revert: their maps say nothing.
+        for map in self.dirty.lock().expect("dirty").values_mut() {
+            map.complete = false;
+        }
+        Ok(())
+    }
+
+    /// Grows every replica, or none: the first refusal stops it before any
+    /// replica grew; a replica failing after others grew leaves the volume.
+    pub async fn expand(&self, size: u64) -> Result<()> {
+        let _one = self.rebuild_lock.lock().await;
+        let _pause = self.pause.write().await;
+        self.check_fenced()?;
+        if size % BLOCK != 0 || size < self.size() {
+            return Err(VolumeError::Invalid(format!(
+                "new size {size} must be a multiple of {BLOCK} and at least {}",
+                self.size()
+            )));
+        }
+        let targets = self.replicas_in(&[Mode::RW, Mode::WO]);
+        let mut grown = 0;
+        for replica in &targets {
+            let mut client = replica.conn.client();
+            let call = client.expand(ExpandRequest { size_bytes: size, epoch: self.epoch });
+            match unary(self.timeout, call).await {
+                Ok(_) => grown += 1,
+                Err(e) if grown == 0 => return Err(replica_error(&replica.address, e)),
+                Err(e) => self.fail_replica(replica, &format!("expand: {e}")),
+            }
+        }
+        self.size.store(size, Ordering::SeqCst);
+        Ok(())
+    }
+
+    pub fn status(&self) -> VolumeStatus {
+        let mut replicas: Vec<ReplicaStatus> = self
+            .replicas
+            .read()
+            .expect("replicas")
+            .iter()
+            .map(|r| ReplicaStatus { address: r.address.clone(), mode: r.mode(), error: r.error() })
+            .collect();
+        for (address, why) in self.unreachable.lock().expect("unreachable").iter() {
+            replicas.push(ReplicaStatus { address: address.clone(), mode: Mode::ERR, error: why.clone() });
+        }
+        VolumeStatus {
+            volume: self.name.clone(),
+            size_bytes: self.size(),
+            epoch: self.epoch,
+            frontends: self.frontends.lock().expect("frontends").clone(),
+            replicas,
+            rebuilds: self.rebuilds.lock().expect("rebuilds").iter().cloned().collect(),
+            fenced: self.fenced.load(Ordering::SeqCst),
+        }
+    }
+
+    pub fn remove_replica(&self, address: &str) -> Result<()> {
+        let mut replicas = self.replicas.write().expect("replicas");
+        let Some(index) = replicas.iter().position(|r| r.address == address) else {
+            let mut unreachable = self.unreachable.lock().expect("unreachable");
+            let before = unreachable.len();
+            unreachable.retain(|(a, _)| a != address);
+            if unreachable.len() == before {
+                return Err(VolumeError::NotFound(format!("replica {address}")));
+            }
+            return Ok(());
+        };
+        let healthy_others = replicas.iter().filter(|r| r.address != address && r.mode() == Mode::RW).count();
+        if replicas[index].mode() == Mode::RW && healthy_others == 0 {
+            return Err(VolumeError::Busy(format!("replica {address} is the last healthy one")));
+        }
+        replicas[index].set(Mode::ERR, "removed");
+        replicas.remove(index);
+        self.dirty.lock().expect("dirty").remove(address);
+        Ok(())
+    }
+
+    fn record_rebuild(&self, status: RebuildStatus) {
+        let mut list = self.rebuilds.lock().expect("rebuilds");
+        if let Some(first) = list.front_mut() {
+            if first.replica == status.replica && first.started_unix_ms == status.started_unix_ms {
+                *first = status;
+                return;
+            }
+        }
+        list.push_front(status);
+        list.truncate(16);
+    }
+
+    /// Brings `address` in as WO, copies what it lacks from an RW replica,
+    /// verifies, and flips it to RW. One rebuild at a time per volume.
+    pub async fn add_replica(self: &Arc<Self>, address: &str) -> Result<RebuildStatus> {
+        let _one = self.rebuild_lock.lock().await;
+        self.check_fenced()?;
+        if self.replicas_in(&[Mode::RW, Mode::WO]).iter().any(|r| r.address == address) {
+            return Err(VolumeError::Invalid(format!("replica {address} is already in the volume")));
+        }
+        let size = self.size();
+        let (conn, info) = self.prepare_replica(address).await?;
+        if info.size_bytes > size {
+            return Err(VolumeError::Invalid(format!(
+                "replica {address} holds {} bytes, more than the volume's {size}",
+                info.size_bytes
+            )));
+        }
+        if info.size_bytes < size {
+            unary(self.timeout, conn.client().expand(ExpandRequest { size_bytes: size, epoch: self.epoch }))
+                .await
+                .map_err(|e| replica_error(address, e))?;
+        }
+        let source = self
+            .replicas_in(&[Mode::RW])
+            .into_iter()
+            .next()
+            .ok_or_else(|| VolumeError::Io("no healthy replica to rebuild from".into()))?;
+        let snapshot = format!(
+            "{REBUILD_PREFIX}{}-{}-{}",
+            self.epoch,
+            now_unix_ms(),
+            self.rebuild_seq.fetch_add(1, Ordering::SeqCst)
+        );
+        let target =
+            Arc::new(Replica { address: address.to_string(), conn, state: Mutex::new((Mode::WO, String::new())) });
+
+        // Join at one point in the write stream.
+        let dirty = {
+            let _pause = self.pause.write().await;
+            let epoch = self.epoch;
+            self.on_all("rebuild snapshot", |r| {
+                let name = snapshot.clone();
+                async move {
+                    unary(r.conn.timeout(), r.conn.client().snapshot_create(SnapshotCreateRequest { name, epoch }))
+                        .await
+                }
+            })
+            .await?;
+            unary(
+                self.timeout,
+                target.conn.client().snapshot_create(SnapshotCreateRequest { name: snapshot.clone(), epoch }),
+            )
+            .await
+            .map_err(|e| replica_error(address, e))?;
+            let mut replicas = self.replicas.write().expect("replicas");
+            replicas.retain(|r| r.address != address);
+            replicas.push(target.clone());
+            drop(replicas);
+            self.unreachable.lock().expect("unreachable").retain(|(a, _)| a != address);
+            self.dirty.lock().expect("dirty").remove(address)
+        };
+        let dirty = dirty.filter(|d| d.complete).map(|d| d.chunks);
+        let mut status = RebuildStatus {
+            replica: address.to_string(),
+            source: source.address.clone(),
+            state: "running".into(),
+            method: if dirty.is_some() { "dirty-map".into() } else { "checksums".into() },
+            started_unix_ms: now_unix_ms(),
+            ..Default::default()
+        };
+        self.record_rebuild(status.clone());
+        tracing::info!(replica = %address, source = %source.address, method = %status.method, "rebuild started");
+        let result = self.copy_layers(&source, &target, &snapshot, dirty, &mut status).await;
+        status.finished_unix_ms = now_unix_ms();
+        match result {
+            Ok(()) => {
+                target.set(Mode::RW, "");
+                status.state = "done".into();
+                tracing::info!(
+                    replica = %address,
+                    copied_bytes = status.copied_bytes,
+                    compared_bytes = status.compared_bytes,
+                    seconds = (status.finished_unix_ms - status.started_unix_ms) as f64 / 1000.0,
+                    "rebuild finished"
+                );
+                self.record_rebuild(status.clone());
+                self.drop_rebuild_snapshots().await;
+                Ok(status)
+            }
+            Err(e) => {
+                self.fail_replica(&target, &format!("rebuild: {e}"));
+                status.state = "failed".into();
+                status.error = e.to_string();
+                self.record_rebuild(status);
+                Err(e)
+            }
+        }
+    }
+
+    /// Makes the target's sealed layers identical to the source's.
+    async fn copy_layers(
+        &self,
+        source: &Replica,
+        target: &Replica,
+        snapshot: &str,
+        dirty: Option<BTreeSet<u64>>,
+        status: &mut RebuildStatus,
+    ) -> Result<()> {
+        let timeout = self.timeout;
+        let names = |r: &Replica| {
+            let client = r.conn.client();
+            async move {
+                let mut client = client;
+                unary(timeout, client.snapshot_list(SnapshotListRequest {}))
+                    .await
+                    .map(|l| l.snapshots.into_iter().map(|s| s.name).collect::<Vec<_>>())
+            }
+        };
+        let source_names = names(source).await.map_err(|e| replica_error(&source.address, e))?;
+        let target_before = names(target).await.map_err(|e| replica_error(&target.address, e))?;
+        let same_chain = source_names == target_before;
+        let epoch = self.epoch;
+        let mut t = target.conn.client();
+        for name in target_before.iter().filter(|n| !source_names.contains(n)) {
+            unary(timeout, t.snapshot_delete(SnapshotDeleteRequest { name: name.clone(), epoch }))
+                .await
+                .map_err(|e| replica_error(&target.address, e))?;
+        }
+        let target_names = names(target).await.map_err(|e| replica_error(&target.address, e))?;
+        for (i, name) in source_names.iter().enumerate() {
+            if !target_names.contains(name) {
+                let below =
+                    source_names[i + 1..].iter().find(|n| target_names.contains(n)).cloned().unwrap_or_default();
+                unary(timeout, t.layer_insert(LayerInsertRequest { name: name.clone(), below, epoch }))
+                    .await
+                    .map_err(|e| replica_error(&target.address, e))?;
+            }
+        }
+        let target_names = names(target).await.map_err(|e| replica_error(&target.address, e))?;
+        if target_names != source_names {
+            return Err(VolumeError::Io(format!(
+                "snapshot chains differ after alignment: {source_names:?} vs {target_names:?}"
+            )));
+        }
+
+        let size = self.size();
+        let chunks = size.div_ceil(CHUNK);
+        let plan: Vec<(String, Vec<u64>)> = match (&dirty, same_chain) {
+            (Some(d), true) => vec![(snapshot.to_string(), d.iter().copied().filter(|c| *c < chunks).collect())],
+            _ => source_names.iter().map(|n| (n.clone(), (0..chunks).collect())).collect(),
+        };
+        status.total_bytes = plan.iter().map(|(_, c)| c.len() as u64 * CHUNK).sum();
+        self.record_rebuild(status.clone());
+        for (layer, wanted) in &plan {
+            for batch in wanted.chunks(CHECKSUM_BATCH_CHUNKS as usize) {
+                let differing = self.differing_chunks(source, target, layer, batch).await?;
+                status.compared_bytes += batch.len() as u64 * CHUNK;
+                for chunk in differing {
+                    status.copied_bytes += self.copy_chunk(source, target, layer, chunk).await?;
+                }
+                self.record_rebuild(status.clone());
+            }
+        }
+        // Verify every layer, whatever the plan was.
+        for layer in &source_names {
+            let all: Vec<u64> = (0..chunks).collect();
+            for batch in all.chunks(CHECKSUM_BATCH_CHUNKS as usize) {
+                let differing = self.differing_chunks(source, target, layer, batch).await?;
+                if !differing.is_empty() {
+                    return Err(VolumeError::Io(format!(
+                        "verification: layer {layer} still differs in {} chunk(s) starting at {}",
+                        differing.len(),
+                        differing[0] * CHUNK
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Chunks (from `batch`) whose merged view at `layer` differs.
+    async fn differing_chunks(
+        &self,
+        source: &Replica,
+        target: &Replica,
+        layer: &str,
+        batch: &[u64],
+    ) -> Result<Vec<u64>> {
+        let size = self.size();
+        let mut out = Vec::new();
+        // Contiguous runs of the batch are compared in one call each.
+        let mut i = 0;
+        while i < batch.len() {
+            let mut n = 1;
+            while i + n < batch.len() && batch[i + n] == batch[i] + n as u64 {
+                n += 1;
+            }
+            let offset = batch[i] * CHUNK;
+            let length = (n as u64 * CHUNK).min(size - offset);
+            let chunk_size = if length % CHUNK == 0 { CHUNK } else { BLOCK };
+            let request = ChecksumsRequest { layer: layer.to_string(), merged: true, offset, length, chunk_size };
+            let (mut sc, mut tc) = (source.conn.client(), target.conn.client());
+            let (a, b) = tokio::join!(
+                unary(self.timeout, sc.checksums(request.clone())),
+                unary(self.timeout, tc.checksums(request)),
+            );
+            let a = a.map_err(|e| replica_error(&source.address, e))?.crc32;
+            let b = b.map_err(|e| replica_error(&target.address, e))?.crc32;
+            if chunk_size == CHUNK {
+                out.extend((0..n).filter(|k| a[*k] != b[*k]).map(|k| batch[i + k]));
+            } else {
+                // The volume's last, partial chunk: compared block by block.
+                let blocks_per_chunk = (CHUNK / BLOCK) as usize;
+                for k in 0..n {
+                    let range = k * blocks_per_chunk..((k + 1) * blocks_per_chunk).min(a.len());
+                    if a[range.clone()] != b[range] {
+                        out.push(batch[i + k]);
+                    }
+                }
+            }
+            i += n;
+        }
+        Ok(out)
+    }
+
+    /// Copies one chunk of `layer`'s view from source to target; returns the
+    /// bytes moved (zero runs are sent as markers, not data).
+    async fn copy_chunk(&self, source: &Replica, target: &Replica, layer: &str, chunk: u64) -> Result<u64> {
+        let offset = chunk * CHUNK;
+        let length = CHUNK.min(self.size() - offset);
+        let read = ReadLayerRequest { layer: layer.to_string(), offset, length, merged: true };
+        let data = unary(self.timeout, source.conn.client().read_layer(read))
+            .await
+            .map_err(|e| replica_error(&source.address, e))?
+            .data;
+        let mut t = target.conn.client();
+        let blocks = (length / BLOCK) as usize;
+        let is_zero = |i: usize| data[i * BLOCK as usize..(i + 1) * BLOCK as usize].iter().all(|&b| b == 0);
+        let mut copied = 0;
+        let mut i = 0;
+        while i < blocks {
+            let zero = is_zero(i);
+            let mut n = 1;
+            while i + n < blocks && is_zero(i + n) == zero {
+                n += 1;
+            }
+            let at = offset + i as u64 * BLOCK;
+            let len = n as u64 * BLOCK;
+            let request = if zero {
+                WriteLayerRequest {
+                    layer: layer.to_string(),
+                    offset: at,
+                    data: Bytes::new(),
+                    zero: true,
+                    length: len,
+                    epoch: self.epoch,
+                }
+            } else {
+                copied += len;
+                let bytes = data.slice(i * BLOCK as usize..(i + n) * BLOCK as usize);
+                WriteLayerRequest {
+                    layer: layer.to_string(),
+                    offset: at,
+                    data: bytes,
+                    zero: false,
+                    length: len,
+                    epoch: self.epoch,
+                }
+            };
+            unary(self.timeout, t.write_layer(request)).await.map_err(|e| replica_error(&target.address, e))?;
+            i += n;
+        }
+        Ok(copied)
+    }
+
+    /// Removes rebuild snapshots from every writable replica (their data
+    /// merges into the head; no view changes). Best effort.
+    async fn drop_rebuild_snapshots(&self) {
+        for replica in self.replicas_in(&[Mode::RW, Mode::WO]) {
+            let mut client = replica.conn.client();
+            let Ok(list) = unary(self.timeout, client.snapshot_list(SnapshotListRequest {})).await else { continue };
+            for s in list.snapshots.into_iter().filter(|s| s.name.starts_with(REBUILD_PREFIX)) {
+                let call = client.snapshot_delete(SnapshotDeleteRequest { name: s.name.clone(), epoch: self.epoch });
+                if let Err(e) = unary(self.timeout, call).await {
+                    tracing::warn!(replica = %replica.address, snapshot = %s.name, error = %e, "could not drop rebuild snapshot");
+                }
+            }
+        }
+    }
+
+    /// Rebuilds the given replicas one after another (used at start).
+    pub async fn rebuild_all(self: Arc<Self>, addresses: Vec<String>) {
+        for address in addresses {
+            if let Err(e) = self.add_replica(&address).await {
+                tracing::error!(replica = %address, error = %e, "rebuild at start failed");
+            }
+        }
+    }
+}
+
+/// Whether two replicas hold the same snapshot chain and the same data in
+/// every layer's view (checksums only; no data is read).
+async fn same_data(a: &Replica, b: &Replica, size: u64, timeout: Duration) -> std::result::Result<bool, VolumeError> {
+    let list = |r: &Replica| {
+        let mut c = r.conn.client();
+        async move {
+            unary(timeout, c.snapshot_list(SnapshotListRequest {}))
+                .await
+                .map(|l| l.snapshots.into_iter().map(|s| s.name).collect::<Vec<_>>())
+        }
+    };
+    let names_a = list(a).await.map_err(|e| replica_error(&a.address, e))?;
+    let names_b = list(b).await.map_err(|e| replica_error(&b.address, e))?;
+    if names_a != names_b {
+        return Ok(false);
+    }
+    let chunk_size = if size % CHUNK == 0 { CHUNK } else { BLOCK };
+    for layer in names_a.iter().map(String::as_str).chain([""]) {
+        let request = ChecksumsRequest { layer: layer.to_string(), merged: true, offset: 0, length: size, chunk_size };
+        let x = unary(timeout, a.conn.client().checksums(request.clone()))
+            .await
+            .map_err(|e| replica_error(&a.address, e))?;
+        let y = unary(timeout, b.conn.client().checksums(request)).await.map_err(|e| replica_error(&b.address, e))?;
+        if x.crc32 != y.crc32 {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+impl Volume {
+    /// Info of every writable replica (for tests and status tooling).
+    pub async fn replica_infos(&self) -> Vec<(String, std::result::Result<InfoResponse, ReplicaError>)> {
+        let mut out = Vec::new();
+        for r in self.replicas_in(&[Mode::RW, Mode::WO]) {
+            out.push((r.address.clone(), unary(self.timeout, r.conn.client().info(InfoRequest {})).await));
+        }
+        out
+    }
+}
