@@ -67,6 +67,8 @@ pub enum Mode {
 
 pub struct Replica {
     pub address: String,
+    /// The replica's store id: dirty maps follow the store, not the address.
+    store_id: u64,
     conn: ReplicaConn,
     state: Mutex<(Mode, String)>,
 }
@@ -88,6 +90,46 @@ impl Replica {
 struct DirtyMap {
     chunks: BTreeSet<u64>,
     complete: bool,
+}
+
+/// Chunks written but not yet covered by a completed flush: writes still in
+/// flight, writes completed since the last flush was sent (`current`), and
+/// one set per flush in flight. A flush covers only writes that completed
+/// before it was sent, so only `current` moves into a flush's set.
+#[derive(Default)]
+struct Unflushed {
+    in_flight: HashMap<u64, u32>,
+    current: BTreeSet<u64>,
+    flushing: HashMap<u64, BTreeSet<u64>>,
+    next_flush: u64,
+}
+
+impl Unflushed {
+    fn all(&self) -> BTreeSet<u64> {
+        let mut out = self.current.clone();
+        out.extend(self.in_flight.keys().copied());
+        for set in self.flushing.values() {
+            out.extend(set.iter().copied());
+        }
+        out
+    }
+
+    fn start(&mut self, chunks: std::ops::Range<u64>) {
+        for c in chunks {
+            *self.in_flight.entry(c).or_default() += 1;
+        }
+    }
+
+    fn complete(&mut self, chunks: std::ops::Range<u64>) {
+        for c in chunks {
+            let n = self.in_flight.get_mut(&c).expect("in-flight chunk");
+            *n -= 1;
+            if *n == 0 {
+                self.in_flight.remove(&c);
+            }
+            self.current.insert(c);
+        }
+    }
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -134,7 +176,11 @@ pub struct Volume {
     pause: tokio::sync::RwLock<()>,
     read_next: AtomicUsize,
     timeout: Duration,
-    dirty: Mutex<HashMap<String, DirtyMap>>,
+    /// Dirty maps of replicas that are out, by store id.
+    dirty: Mutex<HashMap<u64, DirtyMap>>,
+    /// Chunks written since the last flush that every replica completed:
+    /// a replica that crashes may have lost them, so they start its map.
+    unflushed: Mutex<Unflushed>,
     rebuilds: Mutex<VecDeque<RebuildStatus>>,
     rebuild_lock: tokio::sync::Mutex<()>,
     rebuild_seq: AtomicU64,
@@ -180,6 +226,7 @@ impl Volume {
             read_next: AtomicUsize::new(0),
             timeout,
             dirty: Mutex::new(HashMap::new()),
+            unflushed: Mutex::new(Unflushed::default()),
             rebuilds: Mutex::new(VecDeque::new()),
             rebuild_lock: tokio::sync::Mutex::new(()),
             rebuild_seq: AtomicU64::new(0),
@@ -194,6 +241,7 @@ impl Volume {
                 Ok((conn, info)) if info.size_bytes == size => {
                     let r = Arc::new(Replica {
                         address: address.clone(),
+                        store_id: info.store_id,
                         conn,
                         state: Mutex::new((Mode::ERR, String::new())),
                     });
@@ -202,7 +250,12 @@ impl Volume {
                 Ok((conn, info)) => {
                     let why = format!("replica holds {} bytes, volume is {size}", info.size_bytes);
                     tracing::warn!(replica = %address, "{why}");
-                    let r = Arc::new(Replica { address: address.clone(), conn, state: Mutex::new((Mode::ERR, why)) });
+                    let r = Arc::new(Replica {
+                        address: address.clone(),
+                        store_id: info.store_id,
+                        conn,
+                        state: Mutex::new((Mode::ERR, why)),
+                    });
                     volume.replicas.write().expect("replicas").push(r);
                     rebuild.push(address.clone());
                 }
@@ -294,18 +347,24 @@ impl Volume {
         if was == Mode::ERR {
             return;
         }
-        // A replica failing mid-rebuild has an unknown amount left to copy.
-        dirty.entry(replica.address.clone()).or_insert(DirtyMap { chunks: BTreeSet::new(), complete: was == Mode::RW });
+        // It may have lost whatever it acknowledged but did not flush. A
+        // replica failing mid-rebuild has an unknown amount left to copy.
+        let chunks = self.unflushed.lock().expect("unflushed").all();
+        dirty.insert(replica.store_id, DirtyMap { chunks, complete: was == Mode::RW });
         replica.set(Mode::ERR, why);
         tracing::error!(replica = %replica.address, was = ?was, reason = why, "replica failed");
     }
 
-    fn mark_dirty(&self, offset: u64, length: u64, only: Option<&str>) {
+    fn mark_dirty(&self, offset: u64, length: u64, only: Option<u64>) {
+        let chunks = offset / CHUNK..(offset + length).div_ceil(CHUNK);
         let mut dirty = self.dirty.lock().expect("dirty");
-        for (address, map) in dirty.iter_mut() {
-            if only.is_none_or(|a| a == address) {
-                map.chunks.extend(offset / CHUNK..(offset + length).div_ceil(CHUNK));
+        for (store, map) in dirty.iter_mut() {
+            if only.is_none_or(|s| s == *store) {
+                map.chunks.extend(chunks.clone());
             }
+        }
+        if only.is_none() {
+            self.unflushed.lock().expect("unflushed").start(chunks);
         }
     }
 
@@ -314,8 +373,21 @@ impl Volume {
     async fn replicate(&self, op: IoOp, offset: u64, length: u64, data: Bytes, fua: bool) -> Result<()> {
         let _pause = self.pause.read().await;
         self.check_fenced()?;
-        let (targets, pending) = {
+        let (targets, pending, flush_id) = {
             let _order = self.dispatch.lock().expect("dispatch");
+            // Book-keeping first, so a replica failing from now on finds
+            // this request in its dirty map.
+            let flush_id = if op == IoOp::Flush {
+                let mut u = self.unflushed.lock().expect("unflushed");
+                let id = u.next_flush;
+                u.next_flush += 1;
+                let covered = std::mem::take(&mut u.current);
+                u.flushing.insert(id, covered);
+                Some(id)
+            } else {
+                self.mark_dirty(offset, length, None);
+                None
+            };
             let targets: Vec<(Arc<Replica>, Mode)> = self
                 .replicas
                 .read()
@@ -330,12 +402,12 @@ impl Volume {
                 .iter()
                 .map(|(r, _)| r.conn.enqueue(op, offset, length, data.clone(), self.epoch, fua))
                 .collect();
-            (targets, pending)
+            (targets, pending, flush_id)
         };
-        if op != IoOp::Flush {
-            self.mark_dirty(offset, length, None);
-        }
         let results = join_all(pending.into_iter().map(|p| p.wait())).await;
+        if flush_id.is_none() {
+            self.unflushed.lock().expect("unflushed").complete(offset / CHUNK..(offset + length).div_ceil(CHUNK));
+        }
         let mut rw_ok = 0;
         let mut last_error = String::from("no RW replica");
         for ((replica, mode), result) in targets.iter().zip(results) {
@@ -354,9 +426,17 @@ impl Volume {
                     last_error = format!("replica {}: {e}", replica.address);
                     self.fail_replica(replica, &e.to_string());
                     if op != IoOp::Flush {
-                        self.mark_dirty(offset, length, Some(&replica.address));
+                        self.mark_dirty(offset, length, Some(replica.store_id));
                     }
                 }
+            }
+        }
+        if let Some(id) = flush_id {
+            // Replicas that failed this flush captured its set above.
+            let mut u = self.unflushed.lock().expect("unflushed");
+            let covered = u.flushing.remove(&id).unwrap_or_default();
+            if rw_ok == 0 {
+                u.current.extend(covered);
             }
         }
         if rw_ok == 0 {
@@ -589,9 +669,10 @@ impl Volume {
         if replicas[index].mode() == Mode::RW && healthy_others == 0 {
             return Err(VolumeError::Busy(format!("replica {address} is the last healthy one")));
         }
-        replicas[index].set(Mode::ERR, "removed");
-        replicas.remove(index);
-        self.dirty.lock().expect("dirty").remove(address);
+        let removed = replicas.remove(index);
+        drop(replicas);
+        // Its dirty map stays: if the same store comes back, it is a delta.
+        self.fail_replica(&removed, "removed");
         Ok(())
     }
 
@@ -639,8 +720,12 @@ impl Volume {
             now_unix_ms(),
             self.rebuild_seq.fetch_add(1, Ordering::SeqCst)
         );
-        let target =
-            Arc::new(Replica { address: address.to_string(), conn, state: Mutex::new((Mode::WO, String::new())) });
+        let target = Arc::new(Replica {
+            address: address.to_string(),
+            store_id: info.store_id,
+            conn,
+            state: Mutex::new((Mode::WO, String::new())),
+        });
 
         // Join at one point in the write stream.
         let dirty = {
@@ -665,7 +750,7 @@ impl Volume {
             replicas.push(target.clone());
             drop(replicas);
             self.unreachable.lock().expect("unreachable").retain(|(a, _)| a != address);
-            self.dirty.lock().expect("dirty").remove(address)
+            self.dirty.lock().expect("dirty").remove(&info.store_id)
         };
         let dirty = dirty.filter(|d| d.complete).map(|d| d.chunks);
         let mut status = RebuildStatus {

@@ -72,6 +72,7 @@ fn info_response(info: StoreInfo) -> InfoResponse {
         used_bytes: info.used_bytes,
         layer_count: info.layer_count,
         store: info.location,
+        store_id: info.store_id,
     }
 }
 

@@ -399,6 +399,7 @@ pub struct StoreInfo {
     pub used_bytes: u64,
     pub layer_count: u32,
     pub location: String,
+    pub store_id: u64,
 }
 
 /// State of one block within one layer, as rebuilds see it.
@@ -1390,6 +1391,7 @@ impl Store {
             used_bytes: (meta.alloc.capacity - meta.alloc.free) * BLOCK_SIZE,
             layer_count: meta.layers.len() as u32,
             location: device.location().to_string(),
+            store_id: meta.sb.store_id,
         }
     }
 

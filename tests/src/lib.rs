@@ -389,3 +389,147 @@ pub fn start_replica(name: &str, store: &str, size: &str, dir: &Path, extra: &[&
     args.extend(extra.iter().map(|s| s.to_string()));
     Process::start(name, &binary("ironhorn-replica"), &args, dir)
 }
+
+/// Starts `ironhorn-engine serve` for `volume` over `replicas`, with an NBD
+/// unix socket at `socket`.
+pub fn start_engine(
+    name: &str,
+    volume: &str,
+    size: &str,
+    epoch: u64,
+    replicas: &[&str],
+    socket: &Path,
+    dir: &Path,
+    extra: &[&str],
+) -> Result<Process, String> {
+    let mut args: Vec<String> = vec![
+        "serve".into(),
+        "--volume".into(),
+        volume.into(),
+        "--size".into(),
+        size.into(),
+        "--epoch".into(),
+        epoch.to_string(),
+        "--listen".into(),
+        "127.0.0.1:0".into(),
+        "--nbd".into(),
+        format!("unix:{}", socket.display()),
+    ];
+    for r in replicas {
+        args.push("--replica".into());
+        args.push(r.to_string());
+    }
+    args.extend(extra.iter().map(|s| s.to_string()));
+    Process::start(name, &binary("ironhorn-engine"), &args, dir)
+}
+
+/// Runs `ironhorn-engine ARGS...` (a CLI subcommand) and returns stdout.
+pub fn engine_cli(args: &[&str]) -> Result<String, String> {
+    run(binary("ironhorn-engine").to_str().unwrap(), args)
+}
+
+/// The engine's status as JSON.
+pub fn engine_status(engine: &Process) -> serde_json::Value {
+    let out = engine_cli(&["status", "--engine", &engine.address]).expect("engine status");
+    serde_json::from_str(&out).expect("status JSON")
+}
+
+/// Mode of each replica address in an engine status.
+pub fn replica_modes(status: &serde_json::Value) -> HashMap<String, String> {
+    status["replicas"]
+        .as_array()
+        .expect("replicas")
+        .iter()
+        .map(|r| (r["address"].as_str().unwrap().to_string(), r["mode"].as_str().unwrap().to_string()))
+        .collect()
+}
+
+/// Reads a replica's whole volume directly over its gRPC stream.
+pub async fn replica_image(address: &str, size: u64, epoch: u64) -> Vec<u8> {
+    let mut client = connect(address).await;
+    let s = DataStream::open(&mut client).await;
+    let mut out = Vec::with_capacity(size as usize);
+    let step = 4u64 << 20;
+    let mut at = 0;
+    while at < size {
+        let n = step.min(size - at);
+        out.extend_from_slice(&s.read(at, n, epoch).await.expect("read replica"));
+        at += n;
+    }
+    out
+}
+
+/// `nbd+unix` URI of an engine's socket.
+pub fn nbd_uri(volume: &str, socket: &Path) -> String {
+    format!("nbd+unix:///{volume}?socket={}", socket.display())
+}
+
+/// A minimal NBD client for protocol tests: fixed newstyle, NBD_OPT_GO,
+/// simple replies.
+pub struct NbdClient {
+    pub stream: std::os::unix::net::UnixStream,
+    pub size: u64,
+}
+
+impl NbdClient {
+    pub fn connect(socket: &Path, export: &str) -> std::io::Result<NbdClient> {
+        use std::io::{Read, Write};
+        let mut s = std::os::unix::net::UnixStream::connect(socket)?;
+        s.set_read_timeout(Some(Duration::from_secs(20)))?;
+        let mut hello = [0u8; 18];
+        s.read_exact(&mut hello)?;
+        assert_eq!(&hello[..8], b"NBDMAGIC");
+        s.write_all(&3u32.to_be_bytes())?; // fixed newstyle + no zeroes
+        let mut opt = Vec::new();
+        opt.extend_from_slice(b"IHAVEOPT");
+        opt.extend_from_slice(&7u32.to_be_bytes()); // GO
+        let data_len = 4 + export.len() + 2;
+        opt.extend_from_slice(&(data_len as u32).to_be_bytes());
+        opt.extend_from_slice(&(export.len() as u32).to_be_bytes());
+        opt.extend_from_slice(export.as_bytes());
+        opt.extend_from_slice(&0u16.to_be_bytes());
+        s.write_all(&opt)?;
+        let mut size = 0;
+        loop {
+            let mut head = [0u8; 20];
+            s.read_exact(&mut head)?;
+            let kind = u32::from_be_bytes(head[12..16].try_into().unwrap());
+            let len = u32::from_be_bytes(head[16..20].try_into().unwrap()) as usize;
+            let mut data = vec![0u8; len];
+            s.read_exact(&mut data)?;
+            match kind {
+                1 => break, // ACK
+                3 if u16::from_be_bytes([data[0], data[1]]) == 0 => {
+                    size = u64::from_be_bytes(data[2..10].try_into().unwrap())
+                }
+                3 => {}
+                _ => return Err(std::io::Error::other(format!("GO refused: reply type {kind:#x}"))),
+            }
+        }
+        Ok(NbdClient { stream: s, size })
+    }
+
+    /// Sends one request; returns the reply's error code and read data.
+    pub fn request(&mut self, kind: u16, offset: u64, length: u32, data: &[u8]) -> std::io::Result<(u32, Vec<u8>)> {
+        use std::io::{Read, Write};
+        let mut req = Vec::with_capacity(28 + data.len());
+        req.extend_from_slice(&0x2560_9513u32.to_be_bytes());
+        req.extend_from_slice(&0u16.to_be_bytes());
+        req.extend_from_slice(&kind.to_be_bytes());
+        req.extend_from_slice(&42u64.to_be_bytes());
+        req.extend_from_slice(&offset.to_be_bytes());
+        req.extend_from_slice(&length.to_be_bytes());
+        req.extend_from_slice(data);
+        self.stream.write_all(&req)?;
+        let mut head = [0u8; 16];
+        self.stream.read_exact(&mut head)?;
+        assert_eq!(u32::from_be_bytes(head[..4].try_into().unwrap()), 0x6744_6698, "simple reply magic");
+        let error = u32::from_be_bytes(head[4..8].try_into().unwrap());
+        let mut out = Vec::new();
+        if kind == 0 && error == 0 {
+            out = vec![0u8; length as usize];
+            self.stream.read_exact(&mut out)?;
+        }
+        Ok((error, out))
+    }
+}
