@@ -1,6 +1,7 @@
 //! ironhorn engine: one volume, fronted over NBD (and as a kernel block
 //! device), every write replicated to the volume's replicas.
 
+pub mod blockdev;
 pub mod control;
 pub mod nbd;
 pub mod replica_conn;
@@ -26,9 +27,6 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
     if config.replicas.is_empty() {
         return Err("at least one --replica is needed".into());
     }
-    if config.blockdev {
-        return Err("--blockdev is not available in this build yet: use --nbd".into());
-    }
     let (volume, to_rebuild) =
         volume::Volume::open(&config.volume, config.size, config.epoch, &config.replicas, config.replica_timeout)
             .await
@@ -39,6 +37,16 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
         tracing::info!(frontend = %description, "NBD frontend ready");
         volume.add_frontend(description);
     }
+    let block_device = if config.blockdev {
+        let (v, handle) = (volume.clone(), tokio::runtime::Handle::current());
+        let device = tokio::task::spawn_blocking(move || blockdev::start(v, handle))
+            .await
+            .map_err(|e| format!("block device: {e}"))??;
+        volume.add_frontend(device.description());
+        Some(device)
+    } else {
+        None
+    };
     let listener =
         tokio::net::TcpListener::bind(config.listen).await.map_err(|e| format!("listen on {}: {e}", config.listen))?;
     let local = listener.local_addr().map_err(|e| e.to_string())?;
@@ -64,6 +72,9 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
     tracing::info!("shutting down: flushing replicas");
     if let Err(e) = volume.flush().await {
         tracing::warn!(error = %e, "final flush failed");
+    }
+    if let Some(device) = block_device {
+        tokio::task::spawn_blocking(move || drop(device)).await.map_err(|e| format!("block device teardown: {e}"))?;
     }
     Ok(())
 }

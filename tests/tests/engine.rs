@@ -286,3 +286,60 @@ fn bad_nbd_input_gets_errors_and_other_clients_are_unaffected() {
     let out = run("qemu-io", &["-f", "raw", &c.uri(), "-c", "read -P 0x77 4k 4k"]).unwrap();
     assert!(!out.contains("failed"), "{out}");
 }
+
+/// Unmounts a mountpoint by its exact path when dropped.
+struct Mounted(std::path::PathBuf);
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = run("umount", &[self.0.to_str().unwrap()]);
+    }
+}
+
+fn file_digest(path: &Path) -> u32 {
+    let data = std::fs::read(path).unwrap();
+    let mut h: u32 = 0x811c_9dc5;
+    for b in data {
+        h = (h ^ b as u32).wrapping_mul(0x0100_0193);
+    }
+    h
+}
+
+#[test]
+fn blockdev_ext4_survives_a_replica_kill() {
+    require_root();
+    require_tool("mkfs.ext4", "e2fsprogs");
+    let mut c = Cluster::new("eng-bd", 3);
+    let volume = unique("bd");
+    let addresses = c.addresses();
+    let refs: Vec<&str> = addresses.iter().map(String::as_str).collect();
+    c.engine = Some(start_engine("engine", &volume, SIZE, 1, &refs, &c.socket, c.dir.path(), &["--blockdev"]).unwrap());
+    let device = format!("/dev/ironhorn/{volume}");
+    assert!(Path::new(&device).exists(), "{device} exists");
+    run("mkfs.ext4", &["-q", &device]).expect("mkfs.ext4");
+    let mnt = c.dir.path().join("mnt");
+    std::fs::create_dir_all(&mnt).unwrap();
+    run("mount", &[&device, mnt.to_str().unwrap()]).expect("mount");
+    let mounted = Mounted(mnt.clone());
+    let write_files = |from: usize, to: usize| {
+        for i in from..to {
+            let data: Vec<u8> = (0..(1 << 20) + i * 4099).map(|k| (k * 31 + i * 7) as u8).collect();
+            std::fs::write(mnt.join(format!("f{i}")), data).unwrap();
+        }
+        run("sync", &[]).unwrap();
+    };
+    write_files(0, 8);
+    c.replicas[2].kill9();
+    write_files(8, 16);
+    let digests: Vec<u32> = (0..16).map(|i| file_digest(&mnt.join(format!("f{i}")))).collect();
+    drop(mounted);
+    let fsck = Command::new("fsck.ext4").args(["-n", "-f", &device]).output().unwrap();
+    assert!(fsck.status.success(), "fsck -n: {}", String::from_utf8_lossy(&fsck.stdout));
+    run("mount", &[&device, mnt.to_str().unwrap()]).expect("remount");
+    let _mounted = Mounted(mnt.clone());
+    for (i, d) in digests.iter().enumerate() {
+        assert_eq!(file_digest(&mnt.join(format!("f{i}"))), *d, "file f{i} after remount");
+    }
+    let status = engine_status(c.engine());
+    assert_eq!(replica_modes(&status)[&addresses[2]], "ERR");
+}
