@@ -113,6 +113,13 @@ impl Filesystem for VolumeFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         let _ = config.set_max_write(1 << 20);
         let _ = config.set_max_readahead(0);
+        // Without async direct I/O the kernel sends the loop device's
+        // requests one at a time; with it, many are in flight at once.
+        if let Err(missing) = config.add_capabilities(fuser::InitFlags::FUSE_ASYNC_DIO) {
+            tracing::warn!(?missing, "kernel FUSE lacks async direct I/O; the block device runs at queue depth 1");
+        }
+        let _ = config.set_max_background(256);
+        let _ = config.set_congestion_threshold(192);
         Ok(())
     }
 
