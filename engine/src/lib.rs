@@ -19,6 +19,8 @@ pub struct ServeConfig {
     pub blockdev: bool,
     pub listen: SocketAddr,
     pub replica_timeout: Duration,
+    /// Rebuild copy rate limit in bytes per second (0: unlimited).
+    pub rebuild_bytes_per_sec: u64,
 }
 
 /// Opens the volume, starts the frontends and the control server, and runs
@@ -31,6 +33,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
         volume::Volume::open(&config.volume, config.size, config.epoch, &config.replicas, config.replica_timeout)
             .await
             .map_err(|e| format!("open volume {}: {e}", config.volume))?;
+    volume.set_rebuild_rate(config.rebuild_bytes_per_sec);
     for listen in &config.nbd {
         let description =
             nbd::listen(listen, volume.clone()).await.map_err(|e| format!("NBD listener {listen:?}: {e}"))?;

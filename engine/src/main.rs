@@ -40,6 +40,9 @@ enum Command {
         /// Seconds a replica may take to answer before it is dropped.
         #[arg(long, default_value_t = 8)]
         replica_timeout: u64,
+        /// Limit rebuild copying to this many MiB/s (0: unlimited).
+        #[arg(long, default_value_t = 0)]
+        rebuild_mib_per_sec: u64,
     },
     /// Print the engine's status as JSON.
     Status {
@@ -147,7 +150,17 @@ fn print_snapshots(l: SnapshotListResponse) {
 async fn drive(command: Command) -> Result<(), String> {
     let fail = |e: tonic::Status| e.message().to_string();
     match command {
-        Command::Serve { volume, size, epoch, replicas, nbd, blockdev, listen, replica_timeout } => {
+        Command::Serve {
+            volume,
+            size,
+            epoch,
+            replicas,
+            nbd,
+            blockdev,
+            listen,
+            replica_timeout,
+            rebuild_mib_per_sec,
+        } => {
             ironhorn_engine::serve(ServeConfig {
                 volume,
                 size,
@@ -157,6 +170,7 @@ async fn drive(command: Command) -> Result<(), String> {
                 blockdev,
                 listen,
                 replica_timeout: Duration::from_secs(replica_timeout),
+                rebuild_bytes_per_sec: rebuild_mib_per_sec << 20,
             })
             .await
         }

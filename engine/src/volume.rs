@@ -41,6 +41,8 @@ pub const CHUNK: u64 = 1 << 20;
 pub const MAX_IO_BYTES: u64 = 4 << 20;
 const REBUILD_PREFIX: &str = "ironhorn-rebuild-";
 const CHECKSUM_BATCH_CHUNKS: u64 = 256;
+/// Copied chunks between flushes of a rebuild target (its durable progress).
+const FLUSH_EVERY_CHUNKS: usize = 16;
 
 #[derive(Debug, Error)]
 pub enum VolumeError {
@@ -188,6 +190,8 @@ pub struct Volume {
     frontends: Mutex<Vec<String>>,
     /// Replicas given to the engine that it could not reach: (address, why).
     unreachable: Mutex<Vec<(String, String)>>,
+    /// Rebuild copy rate limit, so rebuilds do not starve the workload.
+    rebuild_bytes_per_sec: AtomicU64,
 }
 
 pub fn now_unix_ms() -> u64 {
@@ -233,6 +237,7 @@ impl Volume {
             fenced: AtomicBool::new(false),
             frontends: Mutex::new(Vec::new()),
             unreachable: Mutex::new(Vec::new()),
+            rebuild_bytes_per_sec: AtomicU64::new(0),
         });
         let mut joined: Vec<(Arc<Replica>, InfoResponse)> = Vec::new();
         let mut rebuild = Vec::new();
@@ -301,6 +306,11 @@ impl Volume {
             .await
             .map_err(|e| replica_error(address, e))?;
         Ok((conn, info))
+    }
+
+    /// Limits rebuild copying to `bytes_per_sec` (0: unlimited).
+    pub fn set_rebuild_rate(&self, bytes_per_sec: u64) {
+        self.rebuild_bytes_per_sec.store(bytes_per_sec, Ordering::SeqCst);
     }
 
     pub fn size(&self) -> u64 {
@@ -844,13 +854,26 @@ impl Volume {
         };
         status.total_bytes = plan.iter().map(|(_, c)| c.len() as u64 * CHUNK).sum();
         self.record_rebuild(status.clone());
+        let started = std::time::Instant::now();
         for (layer, wanted) in &plan {
             for batch in wanted.chunks(CHECKSUM_BATCH_CHUNKS as usize) {
                 let differing = self.differing_chunks(source, target, layer, batch).await?;
                 status.compared_bytes += batch.len() as u64 * CHUNK;
-                for chunk in differing {
-                    status.copied_bytes += self.copy_chunk(source, target, layer, chunk).await?;
+                for (n, chunk) in differing.iter().enumerate() {
+                    status.copied_bytes += self.copy_chunk(source, target, layer, *chunk).await?;
+                    self.record_rebuild(status.clone());
+                    if n % FLUSH_EVERY_CHUNKS == FLUSH_EVERY_CHUNKS - 1 {
+                        self.flush_target(target).await?;
+                    }
+                    let rate = self.rebuild_bytes_per_sec.load(Ordering::SeqCst);
+                    if rate > 0 {
+                        let due = Duration::from_secs_f64(status.copied_bytes as f64 / rate as f64);
+                        if let Some(wait) = due.checked_sub(started.elapsed()) {
+                            tokio::time::sleep(wait).await;
+                        }
+                    }
                 }
+                self.flush_target(target).await?;
                 self.record_rebuild(status.clone());
             }
         }
@@ -869,6 +892,18 @@ impl Volume {
             }
         }
         Ok(())
+    }
+
+    /// Makes the target's copied data durable, so a crash of the target
+    /// does not undo it and a retry resumes from there.
+    async fn flush_target(&self, target: &Replica) -> Result<()> {
+        target
+            .conn
+            .enqueue(IoOp::Flush, 0, 0, Bytes::new(), self.epoch, false)
+            .wait()
+            .await
+            .map(drop)
+            .map_err(|e| replica_error(&target.address, e))
     }
 
     /// Chunks (from `batch`) whose merged view at `layer` differs.

@@ -343,3 +343,45 @@ fn blockdev_ext4_survives_a_replica_kill() {
     let status = engine_status(c.engine());
     assert_eq!(replica_modes(&status)[&addresses[2]], "ERR");
 }
+
+#[test]
+fn an_interrupted_rebuild_resumes_instead_of_starting_over() {
+    let mut c = Cluster::new("eng-resume", 1);
+    c.start_engine(1, &["--rebuild-mib-per-sec", "48"]);
+    finish(fio(&c.uri(), &["--rw=write", "--bs=1M", "--size=256M", "--end_fsync=1"]), "fio fill");
+    c.add_replica_process(1);
+    let target = c.replicas[1].address.clone();
+    engine_cli(&["replica", "add", "--engine", &c.engine().address, "--replica", &target, "--no-wait"]).unwrap();
+    // Interrupt the rebuild part-way by killing the target.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let copied_before = loop {
+        let status = engine_status(c.engine());
+        let r = &status["rebuilds"][0];
+        let copied = r["copied_bytes"].as_u64().unwrap_or(0);
+        if copied >= 48 << 20 {
+            break copied;
+        }
+        assert_ne!(r["state"], "done", "rebuild finished before it could be interrupted: {r}");
+        assert!(Instant::now() < deadline, "rebuild made no progress: {status}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    eprintln!("killing the target at {copied_before} bytes copied: {}", engine_status(c.engine())["rebuilds"][0]);
+    c.replicas[1].kill9();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while engine_status(c.engine())["rebuilds"][0]["state"] != "failed" {
+        assert!(Instant::now() < deadline, "rebuild did not notice the dead target: {}", engine_status(c.engine()));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Back on its store: the second rebuild copies only what is left.
+    c.add_replica_process(1);
+    let back = c.replicas[1].address.clone();
+    engine_cli(&["replica", "add", "--engine", &c.engine().address, "--replica", &back]).unwrap();
+    let status = engine_status(c.engine());
+    let second = &status["rebuilds"][0];
+    assert_eq!(second["state"], "done", "{status}");
+    let copied_after = second["copied_bytes"].as_u64().unwrap();
+    eprintln!("first attempt copied {copied_before} bytes; the resumed one {copied_after} of {SIZE_BYTES}");
+    assert!(copied_after + copied_before / 2 <= SIZE_BYTES, "the second rebuild redid the first one's work: {second}");
+    let both = vec![c.replicas[0].address.clone(), back];
+    assert_identical(&images(&both, 1), &both);
+}
