@@ -1,7 +1,10 @@
 //! The volume as a kernel block device at `/dev/ironhorn/<volume>`.
 //!
-//! This kernel has neither ublk nor NBD, so the device is built from what it
-//! has: a one-file FUSE filesystem whose file is the volume (reads, writes and
+//! Chosen at run time: where the kernel has the NBD driver, the engine hands
+//! one end of a socketpair to `/dev/nbdN` (ioctls, as nbd-client does) and
+//! serves the transmission phase on the other end itself. Elsewhere (this
+//! development kernel has neither ublk nor NBD) the device is built from
+//! what there is: a one-file FUSE filesystem whose file is the volume (reads, writes and
 //! fsync go straight to the replicator, no FUSE page cache), and a loop
 //! device with direct I/O and 4 KiB sectors on that file. `/dev/ironhorn/<vol>`
 //! is a symlink to the loop device. On drop the link, the loop device and
@@ -274,6 +277,7 @@ impl Filesystem for VolumeFs {
 }
 
 pub struct BlockDevice {
+    kernel_nbd: Option<KernelNbd>,
     session: Option<fuser::BackgroundSession>,
     pub loop_device: String,
     pub link: PathBuf,
@@ -288,8 +292,32 @@ fn run(cmd: &str, args: &[&str]) -> Result<String, String> {
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
-/// Builds `/dev/ironhorn/<volume>` for `volume` (FUSE file + loop device).
+fn link_device(volume: &str, device: &str) -> Result<PathBuf, String> {
+    let dir = Path::new("/dev/ironhorn");
+    std::fs::create_dir_all(dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
+    let link = dir.join(volume);
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(device, &link).map_err(|e| format!("link {} -> {device}: {e}", link.display()))?;
+    Ok(link)
+}
+
+/// Builds `/dev/ironhorn/<volume>`: kernel NBD where the kernel has it,
+/// else a FUSE file with a loop device on it.
 pub fn start(volume: Arc<Volume>, runtime: tokio::runtime::Handle) -> Result<BlockDevice, String> {
+    if kernel_nbd_available() {
+        let name = volume.name.clone();
+        let nbd = KernelNbd::start(volume, &runtime)?;
+        let mut device = BlockDevice {
+            loop_device: nbd.device.clone(),
+            kernel_nbd: Some(nbd),
+            session: None,
+            link: PathBuf::new(),
+            mountpoint: PathBuf::new(),
+        };
+        device.link = link_device(&name, &device.loop_device)?;
+        tracing::info!(device = %device.loop_device, link = %device.link.display(), "block device ready (kernel NBD)");
+        return Ok(device);
+    }
     let mountpoint = Path::new("/run/ironhorn/fuse").join(&volume.name);
     std::fs::create_dir_all(&mountpoint).map_err(|e| format!("create {}: {e}", mountpoint.display()))?;
     let mut config = fuser::Config::default();
@@ -307,6 +335,7 @@ pub fn start(volume: Arc<Volume>, runtime: tokio::runtime::Handle) -> Result<Blo
     let session = fuser::spawn_mount(fs, &mountpoint, &config)
         .map_err(|e| format!("FUSE mount on {}: {e}", mountpoint.display()))?;
     let mut device = BlockDevice {
+        kernel_nbd: None,
         session: Some(session),
         loop_device: String::new(),
         link: PathBuf::new(),
@@ -321,13 +350,8 @@ pub fn start(volume: Arc<Volume>, runtime: tokio::runtime::Handle) -> Result<Blo
             run("losetup", &["--find", "--show", "--sector-size", "4096", file])?
         }
     };
-    let dir = Path::new("/dev/ironhorn");
-    std::fs::create_dir_all(dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
-    device.link = dir.join(&name);
-    let _ = std::fs::remove_file(&device.link);
-    std::os::unix::fs::symlink(&device.loop_device, &device.link)
-        .map_err(|e| format!("link {} -> {}: {e}", device.link.display(), device.loop_device))?;
-    tracing::info!(device = %device.loop_device, link = %device.link.display(), "block device ready");
+    device.link = link_device(&name, &device.loop_device)?;
+    tracing::info!(device = %device.loop_device, link = %device.link.display(), "block device ready (FUSE + loop)");
     Ok(device)
 }
 
@@ -342,6 +366,10 @@ impl Drop for BlockDevice {
         if !self.link.as_os_str().is_empty() {
             let _ = std::fs::remove_file(&self.link);
         }
+        if let Some(nbd) = self.kernel_nbd.take() {
+            drop(nbd);
+            return;
+        }
         if !self.loop_device.is_empty() {
             if let Err(e) = run("losetup", &["-d", &self.loop_device]) {
                 tracing::warn!(error = %e, "detach loop device");
@@ -353,5 +381,93 @@ impl Drop for BlockDevice {
             }
         }
         let _ = std::fs::remove_dir(&self.mountpoint);
+    }
+}
+
+// Kernel NBD ioctls (linux/nbd.h): _IO(0xab, n).
+const NBD_SET_SOCK: libc::c_ulong = 0xab00;
+const NBD_SET_BLKSIZE: libc::c_ulong = 0xab01;
+const NBD_DO_IT: libc::c_ulong = 0xab03;
+const NBD_CLEAR_SOCK: libc::c_ulong = 0xab04;
+const NBD_CLEAR_QUE: libc::c_ulong = 0xab05;
+const NBD_SET_SIZE_BLOCKS: libc::c_ulong = 0xab07;
+const NBD_DISCONNECT: libc::c_ulong = 0xab08;
+const NBD_SET_TIMEOUT: libc::c_ulong = 0xab09;
+const NBD_SET_FLAGS: libc::c_ulong = 0xab0a;
+
+/// Whether the kernel NBD driver is loaded with devices to use.
+pub fn kernel_nbd_available() -> bool {
+    Path::new("/sys/module/nbd").exists() && Path::new("/dev/nbd0").exists()
+}
+
+fn ioctl(fd: std::os::fd::RawFd, request: libc::c_ulong, arg: libc::c_ulong, what: &str) -> Result<(), String> {
+    // SAFETY: NBD ioctls take an integer argument (or none); fd is open.
+    let rc = unsafe { libc::ioctl(fd, request as _, arg) };
+    if rc < 0 { Err(format!("{what}: {}", std::io::Error::last_os_error())) } else { Ok(()) }
+}
+
+/// `/dev/nbdN` connected to this engine through a socketpair.
+struct KernelNbd {
+    device: String,
+    file: std::fs::File,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl KernelNbd {
+    fn start(volume: Arc<Volume>, runtime: &tokio::runtime::Handle) -> Result<KernelNbd, String> {
+        use std::os::fd::AsRawFd;
+        let index = (0..256)
+            .find(|i| {
+                Path::new(&format!("/dev/nbd{i}")).exists() && !Path::new(&format!("/sys/block/nbd{i}/pid")).exists()
+            })
+            .ok_or("no free /dev/nbdN device")?;
+        let device = format!("/dev/nbd{index}");
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&device)
+            .map_err(|e| format!("open {device}: {e}"))?;
+        let (ours, kernels) = std::os::unix::net::UnixStream::pair().map_err(|e| format!("socketpair: {e}"))?;
+        ours.set_nonblocking(true).map_err(|e| format!("socketpair: {e}"))?;
+        let size = volume.size();
+        {
+            let _guard = runtime.enter();
+            let stream = tokio::net::UnixStream::from_std(ours).map_err(|e| format!("socketpair: {e}"))?;
+            runtime.spawn(async move {
+                if let Err(e) = crate::nbd::serve_kernel_client(stream, volume).await {
+                    tracing::warn!(error = %e, "kernel NBD connection ended");
+                }
+            });
+        }
+        let fd = file.as_raw_fd();
+        ioctl(fd, NBD_SET_BLKSIZE, BLOCK, "NBD_SET_BLKSIZE")?;
+        ioctl(fd, NBD_SET_SIZE_BLOCKS, size / BLOCK, "NBD_SET_SIZE_BLOCKS")?;
+        ioctl(fd, NBD_SET_FLAGS, crate::nbd::transmission_flags() as libc::c_ulong, "NBD_SET_FLAGS")?;
+        ioctl(fd, NBD_SET_TIMEOUT, 30, "NBD_SET_TIMEOUT")?;
+        ioctl(fd, NBD_SET_SOCK, kernels.as_raw_fd() as libc::c_ulong, "NBD_SET_SOCK")?;
+        let thread_fd = fd;
+        let thread = std::thread::Builder::new()
+            .name(format!("nbd{index}"))
+            .spawn(move || {
+                // Blocks until NBD_DISCONNECT or the socket closes.
+                if let Err(e) = ioctl(thread_fd, NBD_DO_IT, 0, "NBD_DO_IT") {
+                    tracing::info!("kernel NBD session ended: {e}");
+                }
+                let _ = ioctl(thread_fd, NBD_CLEAR_QUE, 0, "NBD_CLEAR_QUE");
+                let _ = ioctl(thread_fd, NBD_CLEAR_SOCK, 0, "NBD_CLEAR_SOCK");
+                drop(kernels);
+            })
+            .map_err(|e| format!("NBD thread: {e}"))?;
+        Ok(KernelNbd { device, file, thread: Some(thread) })
+    }
+}
+
+impl Drop for KernelNbd {
+    fn drop(&mut self) {
+        use std::os::fd::AsRawFd;
+        let _ = ioctl(self.file.as_raw_fd(), NBD_DISCONNECT, 0, "NBD_DISCONNECT");
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
     }
 }

@@ -90,7 +90,7 @@ const IN_FLIGHT_PER_CONNECTION: usize = 128;
 /// A write payload longer than this cannot be a real request: disconnect.
 const MAX_FRAMED_WRITE: u32 = 64 << 20;
 
-fn transmission_flags() -> u16 {
+pub fn transmission_flags() -> u16 {
     TF_HAS_FLAGS | TF_SEND_FLUSH | TF_SEND_FUA | TF_SEND_TRIM | TF_SEND_WRITE_ZEROES | TF_CAN_MULTI_CONN
 }
 
@@ -394,9 +394,26 @@ where
 {
     let mut stream = stream;
     let session = match handshake(&mut stream, &volume).await? {
-        Handshake::Transmit(s) => Arc::new(s),
+        Handshake::Transmit(s) => s,
         Handshake::Closed => return Ok(()),
     };
+    serve_transmission(stream, volume, session).await
+}
+
+/// The transmission phase alone, with simple replies: what the kernel's
+/// NBD client speaks once userspace handed it the socket.
+pub async fn serve_kernel_client<S>(stream: S, volume: Arc<Volume>) -> std::io::Result<()>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    serve_transmission(stream, volume, Session { structured: false, allocation_context: false }).await
+}
+
+async fn serve_transmission<S>(stream: S, volume: Arc<Volume>, session: Session) -> std::io::Result<()>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let session = Arc::new(session);
     let (mut reader, mut writer) = tokio::io::split(stream);
     let (tx, mut rx) = mpsc::channel::<Vec<Bytes>>(IN_FLIGHT_PER_CONNECTION);
     let writer_task = tokio::spawn(async move {
@@ -522,6 +539,65 @@ pub async fn listen(listen: &Listen, volume: Arc<Volume>) -> std::io::Result<Str
                 }
             });
             Ok(description)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn name(n: &str) -> Vec<u8> {
+        let mut out = (n.len() as u32).to_be_bytes().to_vec();
+        out.extend_from_slice(n.as_bytes());
+        out
+    }
+
+    #[test]
+    fn parses_meta_context_requests() {
+        let mut data = name("vol");
+        data.extend_from_slice(&2u32.to_be_bytes());
+        data.extend(name("base:allocation"));
+        data.extend(name("qemu:dirty-bitmap:x"));
+        let (export, queries) = meta_queries(&data).unwrap();
+        assert_eq!(export, "vol");
+        assert_eq!(queries, vec!["base:allocation".to_string(), "qemu:dirty-bitmap:x".to_string()]);
+        // A count that does not match the queries, or trailing bytes: refused.
+        let mut short = name("vol");
+        short.extend_from_slice(&3u32.to_be_bytes());
+        short.extend(name("base:allocation"));
+        assert!(meta_queries(&short).is_none());
+        let mut trailing = data.clone();
+        trailing.push(0);
+        assert!(meta_queries(&trailing).is_none());
+    }
+
+    #[test]
+    fn option_parsers_never_panic_on_arbitrary_bytes() {
+        // Deterministic pseudo-random inputs, every length up to 64.
+        let mut x: u64 = 0x1234_5678_9abc_def1;
+        for len in 0..64 {
+            for _ in 0..200 {
+                let bytes: Vec<u8> = (0..len)
+                    .map(|_| {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        (x % 7) as u8
+                    })
+                    .collect();
+                let _ = take_name(&bytes);
+                let _ = meta_queries(&bytes);
+            }
+        }
+    }
+
+    #[test]
+    fn parses_listen_addresses() {
+        assert!(matches!("unix:/run/x.sock".parse::<Listen>(), Ok(Listen::Unix(_))));
+        assert!(matches!("tcp:127.0.0.1:10809".parse::<Listen>(), Ok(Listen::Tcp(_))));
+        for bad in ["", "unix:", "tcp:nohost", "udp:1.2.3.4:5"] {
+            assert!(bad.parse::<Listen>().is_err(), "{bad:?}");
         }
     }
 }

@@ -1066,3 +1066,25 @@ impl Volume {
         out
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_flush_covers_only_writes_completed_before_it_was_sent() {
+        let mut u = Unflushed::default();
+        u.start(0..2); // write A in flight
+        u.start(5..6); // write B in flight
+        u.complete(0..2); // A done
+        // Flush sent now: it covers A, not B.
+        let covered = std::mem::take(&mut u.current);
+        u.flushing.insert(0, covered);
+        assert_eq!(u.all(), BTreeSet::from([0, 1, 5]));
+        u.flushing.remove(&0); // flush done
+        assert_eq!(u.all(), BTreeSet::from([5]), "B is still unflushed");
+        u.complete(5..6);
+        assert_eq!(u.all(), BTreeSet::from([5]));
+        assert!(u.in_flight.is_empty());
+    }
+}
