@@ -82,19 +82,4 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
     Ok(())
 }
 
-/// Parses sizes such as `1GiB`, `512MiB`, `4096`.
-pub fn parse_size(text: &str) -> Result<u64, String> {
-    let t = text.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (digits, unit) = t.split_at(split);
-    let value: u64 = digits.parse().map_err(|_| format!("size {text:?}: expected a number with an optional unit"))?;
-    let shift = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 0,
-        "k" | "kb" | "kib" => 10,
-        "m" | "mb" | "mib" => 20,
-        "g" | "gb" | "gib" => 30,
-        "t" | "tb" | "tib" => 40,
-        other => return Err(format!("size {text:?}: unknown unit {other:?}")),
-    };
-    value.checked_mul(1u64 << shift).ok_or_else(|| format!("size {text:?} is too large"))
-}
+pub use ironhorn_proto::units::parse_size;

@@ -1,5 +1,5 @@
-//! Wire types for ironhorn's gRPC services, generated from `proto/*.proto`.
-//! Nothing but generated code lives here.
+//! Wire types for ironhorn's gRPC services, generated from `proto/*.proto`,
+//! and the text forms every process's flags and APIs share (`units`).
 
 pub mod replica {
     tonic::include_proto!("ironhorn.replica.v1");
@@ -7,4 +7,41 @@ pub mod replica {
 
 pub mod engine {
     tonic::include_proto!("ironhorn.engine.v1");
+}
+
+pub mod units {
+    //! Sizes as people write them: `1GiB`, `512MiB`, `4096`, `10G` (binary).
+
+    pub fn parse_size(text: &str) -> Result<u64, String> {
+        let t = text.trim();
+        let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+        let (digits, unit) = t.split_at(split);
+        let value: u64 =
+            digits.parse().map_err(|_| format!("size {text:?}: expected a number with an optional unit"))?;
+        let shift = match unit.trim().to_ascii_lowercase().as_str() {
+            "" | "b" => 0,
+            "k" | "kb" | "kib" => 10,
+            "m" | "mb" | "mib" => 20,
+            "g" | "gb" | "gib" => 30,
+            "t" | "tb" | "tib" => 40,
+            other => return Err(format!("size {text:?}: unknown unit {other:?}")),
+        };
+        value.checked_mul(1u64 << shift).ok_or_else(|| format!("size {text:?} is too large"))
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn parses_sizes() {
+            assert_eq!(parse_size("1GiB"), Ok(1 << 30));
+            assert_eq!(parse_size("512MiB"), Ok(512 << 20));
+            assert_eq!(parse_size("4096"), Ok(4096));
+            assert_eq!(parse_size("10G"), Ok(10 << 30));
+            for bad in ["", "1XB", "-1", "99999999999TiB", "GiB"] {
+                assert!(parse_size(bad).is_err(), "{bad:?}");
+            }
+        }
+    }
 }

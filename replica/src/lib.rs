@@ -14,22 +14,7 @@ use std::sync::Arc;
 use device::{Device, StoreLocation};
 use store::{Store, StoreConfig};
 
-/// Parses sizes such as `1GiB`, `512MiB`, `4096`, `10G` (binary units).
-pub fn parse_size(text: &str) -> Result<u64, String> {
-    let t = text.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (digits, unit) = t.split_at(split);
-    let value: u64 = digits.parse().map_err(|_| format!("size {text:?}: expected a number with an optional unit"))?;
-    let shift = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 0,
-        "k" | "kb" | "kib" => 10,
-        "m" | "mb" | "mib" => 20,
-        "g" | "gb" | "gib" => 30,
-        "t" | "tb" | "tib" => 40,
-        other => return Err(format!("size {text:?}: unknown unit {other:?}")),
-    };
-    value.checked_mul(1u64 << shift).ok_or_else(|| format!("size {text:?} is too large"))
-}
+pub use ironhorn_proto::units::parse_size;
 
 pub struct ServeConfig {
     pub store: StoreConfig,
@@ -78,21 +63,4 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
 /// Removes a store: deletes the file, or removes the LV.
 pub fn delete(location: &StoreLocation) -> Result<(), String> {
     Device::destroy(location).map_err(|e| format!("delete {location}: {e}"))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn parses_sizes() {
-        assert_eq!(parse_size("1GiB"), Ok(1 << 30));
-        assert_eq!(parse_size("512MiB"), Ok(512 << 20));
-        assert_eq!(parse_size("4096"), Ok(4096));
-        assert_eq!(parse_size("10G"), Ok(10 << 30));
-        assert!(parse_size("").is_err());
-        assert!(parse_size("1XB").is_err());
-        assert!(parse_size("-1").is_err());
-        assert!(parse_size("99999999999TiB").is_err());
-    }
 }

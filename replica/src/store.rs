@@ -322,6 +322,19 @@ impl Meta {
         }
     }
 
+    /// A new empty layer named `name` (empty: a head), with a fresh id.
+    fn new_layer(&mut self, name: &str) -> Layer {
+        let id = self.next_layer_id;
+        self.next_layer_id += 1;
+        Layer {
+            id,
+            name: name.to_string(),
+            created_unix_ms: now_unix_ms(),
+            size_bytes: self.sb.volume_size,
+            map: BTreeMap::new(),
+        }
+    }
+
     fn quarantined_blocks(&self) -> usize {
         self.quarantine.iter().map(|(_, b)| b.len()).sum()
     }
@@ -1140,20 +1153,12 @@ impl Store {
             if meta.layers.iter().any(|l| l.name == name) {
                 return Err(StoreError::AlreadyExists(format!("snapshot {name:?}")));
             }
-            let size = meta.sb.volume_size;
-            let id = meta.next_layer_id;
-            meta.next_layer_id += 1;
+            let new_head = meta.new_layer("");
             let head = meta.layers.last_mut().expect("head");
             head.name = name.to_string();
             head.created_unix_ms = now_unix_ms();
             let info = snapshot_info(head);
-            meta.layers.push(Layer {
-                id,
-                name: String::new(),
-                created_unix_ms: now_unix_ms(),
-                size_bytes: size,
-                map: BTreeMap::new(),
-            });
+            meta.layers.push(new_head);
             Ok(info)
         })
         .await
@@ -1209,16 +1214,8 @@ impl Store {
             for layer in dropped {
                 meta.pending_free.extend(layer.map.values().filter(|e| e.pba != ZERO_PBA).map(|e| e.pba));
             }
-            let id = meta.next_layer_id;
-            meta.next_layer_id += 1;
-            let size = meta.sb.volume_size;
-            meta.layers.push(Layer {
-                id,
-                name: String::new(),
-                created_unix_ms: now_unix_ms(),
-                size_bytes: size,
-                map: BTreeMap::new(),
-            });
+            let new_head = meta.new_layer("");
+            meta.layers.push(new_head);
             meta.revision += 1;
             Ok(())
         })
@@ -1293,19 +1290,8 @@ impl Store {
                 return Err(StoreError::AlreadyExists(format!("snapshot {name:?}")));
             }
             let index = meta.layer_index(below)?;
-            let id = meta.next_layer_id;
-            meta.next_layer_id += 1;
-            let size = meta.sb.volume_size;
-            meta.layers.insert(
-                index,
-                Layer {
-                    id,
-                    name: name.to_string(),
-                    created_unix_ms: now_unix_ms(),
-                    size_bytes: size,
-                    map: BTreeMap::new(),
-                },
-            );
+            let layer = meta.new_layer(name);
+            meta.layers.insert(index, layer);
             Ok(())
         })
         .await
