@@ -6,8 +6,9 @@
 //! a short transfer is reported as an error, never as success.
 //!
 //! Two backends sit behind one enum, as firecracker does with its `FileEngine`:
-//! - [`Backend::Uring`]: one io_uring per store, driven by a dedicated thread
-//!   that sleeps in `io_uring_enter` when idle (no polling, ≈0 % CPU);
+//! - [`Backend::Uring`]: one io_uring per store; callers submit from their
+//!   own task and completions arrive through an eventfd on tokio's reactor
+//!   (no extra thread, no polling, ≈0 % CPU when idle);
 //! - [`Backend::Pread`]: plain `pread`/`pwrite` on tokio's blocking pool, for
 //!   tests and as a fallback where io_uring is unavailable.
 
@@ -18,9 +19,7 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::FileExt;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 
 use tokio::sync::oneshot;
 
@@ -151,7 +150,7 @@ impl Backend {
     pub async fn sync(&self) -> io::Result<()> {
         match self {
             Self::Uring(u) => {
-                for file in 0..u.file_count {
+                for file in 0..u.fds.len() {
                     u.submit(Op::Sync, file, 0, None).await?;
                 }
                 Ok(())
@@ -199,7 +198,16 @@ enum Op {
 
 type Reply = oneshot::Sender<io::Result<Option<AlignedBuf>>>;
 
-struct Request {
+/// One operation the kernel owns until its completion arrives.
+struct InFlight {
+    op: Op,
+    offset: u64,
+    /// The buffer the kernel reads or writes: it must live until completion.
+    buf: Option<AlignedBuf>,
+    reply: Reply,
+}
+
+struct Queued {
     op: Op,
     file: usize,
     offset: u64,
@@ -207,58 +215,130 @@ struct Request {
     reply: Reply,
 }
 
-struct UringShared {
-    queue: Mutex<VecDeque<Request>>,
-    wake: OwnedFd,
-    stop: AtomicBool,
-    /// Set while the ring thread waits with nothing in flight: only then
-    /// does a new request need the eventfd to wake it. With I/O in flight,
-    /// the next completion wakes it and it drains the queue (batching).
-    idle: AtomicBool,
+struct Ring {
+    ring: io_uring::IoUring,
+    slots: Vec<Option<InFlight>>,
+    free_slots: Vec<usize>,
+    /// Requests waiting for room in the submission queue.
+    backlog: VecDeque<Queued>,
+    in_flight: usize,
 }
 
-impl UringShared {
-    fn kick(&self) {
-        let one: u64 = 1;
-        // SAFETY: writing 8 bytes from a valid u64 to an eventfd we own.
-        let _ = unsafe { libc::write(self.wake.as_raw_fd(), (&one as *const u64).cast(), 8) };
-    }
-}
-
-/// io_uring backend: callers queue requests and kick an eventfd; the ring
-/// thread keeps a read armed on that eventfd so it wakes for new work and for
-/// completions alike, and sleeps in the kernel when there is neither.
+/// io_uring backend without a thread of its own: callers push SQEs and
+/// submit from their own task (one `io_uring_enter`, no hand-off), and the
+/// ring signals completions through an eventfd that tokio's reactor watches;
+/// a small task reaps them and wakes the callers. Idle, nothing runs.
 pub struct UringIo {
-    shared: Arc<UringShared>,
-    thread: Option<JoinHandle<()>>,
-    file_count: usize,
+    state: Arc<Mutex<Ring>>,
+    fds: Vec<RawFd>,
+    _files: Vec<Arc<File>>,
+    reaper: tokio::task::JoinHandle<()>,
 }
 
 const RING_ENTRIES: u32 = 256;
-const WAKE_TOKEN: u64 = u64::MAX;
+
+impl Ring {
+    /// Moves queued requests into the submission queue while there is room.
+    fn fill(&mut self, fds: &[RawFd]) {
+        use io_uring::{opcode, types};
+        while self.in_flight < RING_ENTRIES as usize {
+            let Some(mut q) = self.backlog.pop_front() else { break };
+            let fd = types::Fd(fds[q.file]);
+            let sqe = match q.op {
+                Op::Read => {
+                    let buf = q.buf.as_mut().expect("read buffer");
+                    opcode::Read::new(fd, buf.as_mut_ptr(), buf.len() as u32).offset(q.offset).build()
+                }
+                Op::Write => {
+                    let buf = q.buf.as_ref().expect("write buffer");
+                    opcode::Write::new(fd, buf.as_ptr(), buf.len() as u32).offset(q.offset).build()
+                }
+                Op::Sync => opcode::Fsync::new(fd).flags(types::FsyncFlags::DATASYNC).build(),
+            };
+            let slot = self.free_slots.pop().unwrap_or_else(|| {
+                self.slots.push(None);
+                self.slots.len() - 1
+            });
+            // SAFETY: the buffer moves into `slots` (its heap address does
+            // not change) and stays there until this slot's completion.
+            if unsafe { self.ring.submission().push(&sqe.user_data(slot as u64)) }.is_err() {
+                self.free_slots.push(slot);
+                self.backlog.push_front(q);
+                break;
+            }
+            self.slots[slot] = Some(InFlight { op: q.op, offset: q.offset, buf: q.buf, reply: q.reply });
+            self.in_flight += 1;
+        }
+    }
+
+    /// Completes every finished operation.
+    fn reap(&mut self) {
+        let done: Vec<(u64, i32)> = self.ring.completion().map(|c| (c.user_data(), c.result())).collect();
+        for (token, result) in done {
+            let slot = token as usize;
+            let f = self.slots[slot].take().expect("completion for an empty slot");
+            self.free_slots.push(slot);
+            self.in_flight -= 1;
+            let expected = f.buf.as_ref().map_or(0, |b| b.len());
+            let outcome = if result < 0 {
+                Err(io::Error::from_raw_os_error(-result))
+            } else if result as usize != expected {
+                Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    format!("short {:?} at {}: {} of {} bytes", f.op, f.offset, result, expected),
+                ))
+            } else {
+                Ok(f.buf)
+            };
+            let _ = f.reply.send(outcome);
+        }
+    }
+}
 
 impl UringIo {
+    /// Needs a tokio runtime (the reaper is a task on it).
     pub fn new(files: Vec<Arc<File>>) -> io::Result<Self> {
         let ring = io_uring::IoUring::new(RING_ENTRIES)?;
         // SAFETY: eventfd returns a new fd or -1.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
         if fd < 0 {
             return Err(io::Error::last_os_error());
         }
         // SAFETY: fd is a freshly created descriptor we own.
-        let wake = unsafe { OwnedFd::from_raw_fd(fd) };
-        let shared = Arc::new(UringShared {
-            queue: Mutex::new(VecDeque::new()),
-            wake,
-            stop: AtomicBool::new(false),
-            idle: AtomicBool::new(false),
+        let event = unsafe { OwnedFd::from_raw_fd(fd) };
+        ring.submitter().register_eventfd(event.as_raw_fd())?;
+        // SAFETY: `event` is an OwnedFd that the AsyncFd owns for its whole
+        // life, so its raw fd stays open and the same.
+        let event = unsafe { tokio::io::unix::AsyncFd::register_with_interest(event, tokio::io::Interest::READABLE) }
+            .map_err(|e| io::Error::other(format!("register eventfd: {e}")))?;
+        let state = Arc::new(Mutex::new(Ring {
+            ring,
+            slots: Vec::new(),
+            free_slots: Vec::new(),
+            backlog: VecDeque::new(),
+            in_flight: 0,
+        }));
+        let fds: Vec<RawFd> = files.iter().map(|f| f.as_raw_fd()).collect();
+        let (reaper_state, reaper_fds) = (state.clone(), fds.clone());
+        let reaper = tokio::spawn(async move {
+            loop {
+                let Ok(mut ready) = event.readable().await else { return };
+                let mut counter = [0u8; 8];
+                // Clear the eventfd first: completions after this re-arm it.
+                // SAFETY: reading 8 bytes into a local buffer.
+                let _ = unsafe { libc::read(event.get_ref().as_raw_fd(), counter.as_mut_ptr().cast(), 8) };
+                ready.clear_ready();
+                let mut ring = reaper_state.lock().expect("ring poisoned");
+                ring.reap();
+                if !ring.backlog.is_empty() {
+                    ring.fill(&reaper_fds);
+                    if let Err(e) = ring.ring.submit() {
+                        tracing::error!(error = %e, "io_uring submit failed");
+                    }
+                }
+            }
         });
-        let file_count = files.len();
-        let thread_shared = shared.clone();
-        let thread = std::thread::Builder::new()
-            .name("ironhorn-uring".into())
-            .spawn(move || ring_loop(ring, thread_shared, files))?;
-        Ok(Self { shared, thread: Some(thread), file_count })
+        Ok(Self { state, fds, _files: files, reaper })
     }
 
     async fn submit(
@@ -268,124 +348,37 @@ impl UringIo {
         offset: u64,
         buf: Option<AlignedBuf>,
     ) -> io::Result<Option<AlignedBuf>> {
-        assert!(file < self.file_count, "file index {file} out of range");
+        assert!(file < self.fds.len(), "file index {file} out of range");
         let (reply, done) = oneshot::channel();
-        self.shared.queue.lock().expect("uring queue poisoned").push_back(Request { op, file, offset, buf, reply });
-        self.shared.kick();
-        done.await.map_err(|_| io::Error::other("io_uring thread stopped"))?
+        {
+            let mut ring = self.state.lock().expect("ring poisoned");
+            ring.backlog.push_back(Queued { op, file, offset, buf, reply });
+            ring.fill(&self.fds);
+            loop {
+                match ring.ring.submit() {
+                    Ok(_) => break,
+                    Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+                    // The completion queue is full: reap, then try again.
+                    Err(e) if e.raw_os_error() == Some(libc::EBUSY) => ring.reap(),
+                    Err(e) => return Err(io::Error::new(e.kind(), format!("io_uring submit: {e}"))),
+                }
+            }
+        }
+        done.await.map_err(|_| io::Error::other("io_uring request dropped"))?
     }
 }
 
 impl Drop for UringIo {
     fn drop(&mut self) {
-        self.shared.stop.store(true, Ordering::SeqCst);
-        self.shared.kick();
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
-
-fn ring_loop(mut ring: io_uring::IoUring, shared: Arc<UringShared>, files: Vec<Arc<File>>) {
-    use io_uring::{opcode, types};
-    let fds: Vec<RawFd> = files.iter().map(|f| f.as_raw_fd()).collect();
-    // In-flight requests, indexed by user_data; free slots are reused.
-    let mut slots: Vec<Option<Request>> = Vec::new();
-    let mut free_slots: Vec<usize> = Vec::new();
-    let mut backlog: VecDeque<Request> = VecDeque::new();
-    let mut wake_buf = [0u8; 8];
-    let mut wake_armed = false;
-    let mut in_flight = 0usize;
-
-    loop {
-        if !wake_armed {
-            let sqe = opcode::Read::new(types::Fd(shared.wake.as_raw_fd()), wake_buf.as_mut_ptr(), 8)
-                .build()
-                .user_data(WAKE_TOKEN);
-            // SAFETY: wake_buf outlives the ring loop; the ring has room
-            // because at most RING_ENTRIES - 1 requests are queued below.
-            if unsafe { ring.submission().push(&sqe) }.is_ok() {
-                wake_armed = true;
-            }
-        }
-        backlog.extend(shared.queue.lock().expect("uring queue poisoned").drain(..));
-        while in_flight + 1 < RING_ENTRIES as usize {
-            let Some(mut req) = backlog.pop_front() else {
-                break;
-            };
-            let fd = types::Fd(fds[req.file]);
-            let sqe = match req.op {
-                Op::Read => {
-                    let buf = req.buf.as_mut().expect("read buffer");
-                    opcode::Read::new(fd, buf.as_mut_ptr(), buf.len() as u32).offset(req.offset).build()
-                }
-                Op::Write => {
-                    let buf = req.buf.as_ref().expect("write buffer");
-                    opcode::Write::new(fd, buf.as_ptr(), buf.len() as u32).offset(req.offset).build()
-                }
-                Op::Sync => opcode::Fsync::new(fd).flags(types::FsyncFlags::DATASYNC).build(),
-            };
-            let slot = free_slots.pop().unwrap_or_else(|| {
-                slots.push(None);
-                slots.len() - 1
-            });
-            // The buffer moves into the slot; its heap address does not change.
-            slots[slot] = Some(req);
-            // SAFETY: the buffer stays alive in `slots` until its completion.
-            if unsafe { ring.submission().push(&sqe.user_data(slot as u64)) }.is_err() {
-                let req = slots[slot].take().expect("slot");
-                free_slots.push(slot);
-                backlog.push_front(req);
+        self.reaper.abort();
+        // The kernel may still write into buffers of operations in flight:
+        // wait for every one of them before the buffers are freed.
+        let mut ring = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        while ring.in_flight > 0 {
+            if ring.ring.submit_and_wait(1).is_err() {
                 break;
             }
-            in_flight += 1;
-        }
-        if shared.stop.load(Ordering::SeqCst) && in_flight == 0 && backlog.is_empty() {
-            return;
-        }
-        if in_flight == 0 {
-            // Announce idleness, then look again: a request queued before
-            // the flag was visible is seen here; one queued after kicks.
-            shared.idle.store(true, Ordering::SeqCst);
-            if !shared.queue.lock().expect("uring queue poisoned").is_empty() {
-                shared.idle.store(false, Ordering::SeqCst);
-                continue;
-            }
-        }
-        let waited = ring.submit_and_wait(1);
-        shared.idle.store(false, Ordering::SeqCst);
-        if let Err(e) = waited {
-            if e.raw_os_error() == Some(libc::EINTR) {
-                continue;
-            }
-            // The ring itself failed: fail everything so no caller waits forever.
-            for req in slots.iter_mut().filter_map(Option::take).chain(backlog.drain(..)) {
-                let _ = req.reply.send(Err(io::Error::new(e.kind(), format!("io_uring: {e}"))));
-            }
-            return;
-        }
-        let completions: Vec<(u64, i32)> = ring.completion().map(|c| (c.user_data(), c.result())).collect();
-        for (token, result) in completions {
-            if token == WAKE_TOKEN {
-                wake_armed = false;
-                continue;
-            }
-            let slot = token as usize;
-            let req = slots[slot].take().expect("completion for an empty slot");
-            free_slots.push(slot);
-            in_flight -= 1;
-            let expected = req.buf.as_ref().map_or(0, |b| b.len());
-            let outcome = if result < 0 {
-                Err(io::Error::from_raw_os_error(-result))
-            } else if (result as usize) != expected {
-                Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    format!("short {:?} at {}: {} of {} bytes", req.op, req.offset, result, expected),
-                ))
-            } else {
-                Ok(req.buf)
-            };
-            let _ = req.reply.send(outcome);
+            ring.reap();
         }
     }
 }
