@@ -106,6 +106,8 @@ fn fio_qemu_io_and_nbdinfo_over_three_replicas() {
     c.start_engine(1, &[]);
     let info = run("nbdinfo", &["--size", &c.uri()]).unwrap();
     assert_eq!(info.trim(), SIZE_BYTES.to_string());
+    let list = run("nbdinfo", &["--list", &format!("nbd+unix://?socket={}", c.socket.display())]).unwrap();
+    assert!(list.contains("export=\"vol\""), "{list}");
     finish(
         fio(&c.uri(), &["--rw=randwrite", "--size=32M", "--verify=crc32c", "--verify_fatal=1", "--do_verify=1"]),
         "fio randwrite verify",
@@ -384,4 +386,34 @@ fn an_interrupted_rebuild_resumes_instead_of_starting_over() {
     assert!(copied_after + copied_before / 2 <= SIZE_BYTES, "the second rebuild redid the first one's work: {second}");
     let both = vec![c.replicas[0].address.clone(), back];
     assert_identical(&images(&both, 1), &both);
+}
+
+#[test]
+fn after_an_engine_crash_the_newest_replica_serves_and_the_other_is_rebuilt() {
+    let mut c = Cluster::new("eng-start", 2);
+    c.start_engine(1, &[]);
+    let uri = c.uri();
+    run("qemu-io", &["-f", "raw", &uri, "-c", "write -P 0x0a 0 1M", "-c", "flush"]).unwrap();
+    // Replica 1 drops out; replica 0 alone takes newer data.
+    c.replicas[1].kill9();
+    run("qemu-io", &["-f", "raw", &uri, "-c", "write -P 0x0b 0 1M", "-c", "flush"]).unwrap();
+    // The engine dies; replica 1 comes back on its old store.
+    c.engine.as_mut().unwrap().kill9();
+    c.add_replica_process(1);
+    let stale = c.replicas[1].address.clone();
+    c.start_engine(2, &[]);
+    let out = run("qemu-io", &["-f", "raw", &uri, "-c", "read -P 0x0b 0 1M"]).unwrap();
+    assert!(!out.contains("Pattern verification failed"), "older data was served: {out}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let status = engine_status(c.engine());
+        if replica_modes(&status)[&stale] == "RW" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "stale replica was not rebuilt: {status}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let images = images(&c.addresses(), 2);
+    assert_identical(&images, &c.addresses());
+    assert!(images[0][..1 << 20].iter().all(|&b| b == 0x0b));
 }
