@@ -219,7 +219,7 @@ fn main() {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let runtime = ironhorn_proto::runtime::build().expect("tokio runtime");
     let _ = control::status_message;
     if let Err(e) = runtime.block_on(drive(cli.command)) {
         eprintln!("ironhorn-engine: {e}");

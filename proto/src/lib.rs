@@ -45,3 +45,22 @@ pub mod units {
         }
     }
 }
+
+pub mod runtime {
+    //! The tokio runtime every ironhorn process runs on. The data path is
+    //! hand-off heavy (socket → task → stream), so the default is one worker
+    //! thread: wake-ups stay on one core instead of bouncing between cores.
+    //! `IRONHORN_WORKER_THREADS=N` picks N worker threads instead.
+
+    pub fn build() -> std::io::Result<tokio::runtime::Runtime> {
+        let threads = std::env::var("IRONHORN_WORKER_THREADS").ok().and_then(|v| v.parse::<usize>().ok()).unwrap_or(1);
+        let mut builder = if threads <= 1 {
+            tokio::runtime::Builder::new_current_thread()
+        } else {
+            let mut b = tokio::runtime::Builder::new_multi_thread();
+            b.worker_threads(threads);
+            b
+        };
+        builder.enable_all().build()
+    }
+}

@@ -51,11 +51,7 @@ fn main() {
             let mut config = StoreConfig::new(store, size);
             config.capacity_bytes = capacity;
             config.backend = io;
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .expect("tokio runtime");
+            let runtime = ironhorn_proto::runtime::build().expect("tokio runtime");
             runtime.block_on(ironhorn_replica::serve(ServeConfig { store: config, listen }))
         }
         Command::Delete { store } => ironhorn_replica::delete(&store),

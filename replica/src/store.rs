@@ -95,7 +95,7 @@ impl StoreConfig {
 /// Largest single write: redirect-on-write needs this much free space at once.
 pub const MAX_WRITE_BYTES: u64 = 4 << 20;
 
-fn default_journal_blocks(volume_size: u64) -> u64 {
+pub fn default_journal_blocks(volume_size: u64) -> u64 {
     (volume_size / BLOCK_SIZE / 256).clamp(256, 16384)
 }
 

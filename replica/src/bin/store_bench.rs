@@ -17,7 +17,7 @@ use ironhorn_replica::io::BackendKind;
 use ironhorn_replica::parse_size;
 use ironhorn_replica::store::{Store, StoreConfig};
 
-#[derive(Parser)]
+#[derive(Parser, Clone)]
 struct Args {
     /// Directory for the test files (same filesystem for both).
     #[arg(long, default_value = "/var/tmp")]
@@ -45,6 +45,7 @@ fn fio(file: &str, rw: &str, bs: &str, timed: bool, args: &Args) -> Result<f64, 
         "--ioengine=io_uring",
         &format!("--iodepth={}", args.iodepth),
         "--randrepeat=0",
+        "--zero_buffers",
         "--output-format=json",
     ]);
     if timed {
@@ -105,6 +106,13 @@ fn main() {
         let fio_write = fio(&fio_path, "randwrite", "4k", true, &args)?;
         let fio_read = fio(&fio_path, "randread", "4k", true, &args)?;
 
+        // Lay the store file out like fio's (holes cost filesystem
+        // allocation on first write; an LV has none).
+        let capacity = ironhorn_replica::store::default_capacity(
+            args.size,
+            ironhorn_replica::store::default_journal_blocks(args.size),
+        );
+        fio(store_file.to_str().unwrap(), "write", "1m", false, &Args { size: capacity, ..args.clone() })?;
         let mut config = StoreConfig::new(StoreLocation::File(store_file.clone()), args.size);
         config.backend = BackendKind::Uring;
         let store = Arc::new(Store::open(&config).await.map_err(|e| e.to_string())?);
