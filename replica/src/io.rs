@@ -222,6 +222,8 @@ struct Ring {
     /// Requests waiting for room in the submission queue.
     backlog: VecDeque<Queued>,
     in_flight: usize,
+    /// Entries pushed to the submission queue but not yet submitted.
+    unsubmitted: usize,
 }
 
 /// io_uring backend without a thread of its own: callers push SQEs and
@@ -236,6 +238,8 @@ pub struct UringIo {
 }
 
 const RING_ENTRIES: u32 = 256;
+/// Queued entries that trigger a submit even while others are in flight.
+const SUBMIT_BATCH: usize = 16;
 
 impl Ring {
     /// Moves queued requests into the submission queue while there is room.
@@ -268,6 +272,23 @@ impl Ring {
             }
             self.slots[slot] = Some(InFlight { op: q.op, offset: q.offset, buf: q.buf, reply: q.reply });
             self.in_flight += 1;
+            self.unsubmitted += 1;
+        }
+    }
+
+    /// Hands queued entries to the kernel.
+    fn submit(&mut self) -> io::Result<()> {
+        loop {
+            match self.ring.submit() {
+                Ok(_) => {
+                    self.unsubmitted = 0;
+                    return Ok(());
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+                // The completion queue is full: reap, then try again.
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => self.reap(),
+                Err(e) => return Err(io::Error::new(e.kind(), format!("io_uring submit: {e}"))),
+            }
         }
     }
 
@@ -317,6 +338,7 @@ impl UringIo {
             free_slots: Vec::new(),
             backlog: VecDeque::new(),
             in_flight: 0,
+            unsubmitted: 0,
         }));
         let fds: Vec<RawFd> = files.iter().map(|f| f.as_raw_fd()).collect();
         let (reaper_state, reaper_fds) = (state.clone(), fds.clone());
@@ -330,9 +352,9 @@ impl UringIo {
                 ready.clear_ready();
                 let mut ring = reaper_state.lock().expect("ring poisoned");
                 ring.reap();
-                if !ring.backlog.is_empty() {
-                    ring.fill(&reaper_fds);
-                    if let Err(e) = ring.ring.submit() {
+                ring.fill(&reaper_fds);
+                if ring.unsubmitted > 0 {
+                    if let Err(e) = ring.submit() {
                         tracing::error!(error = %e, "io_uring submit failed");
                     }
                 }
@@ -353,15 +375,13 @@ impl UringIo {
         {
             let mut ring = self.state.lock().expect("ring poisoned");
             ring.backlog.push_back(Queued { op, file, offset, buf, reply });
+            let submitted_before = ring.in_flight - ring.unsubmitted;
             ring.fill(&self.fds);
-            loop {
-                match ring.ring.submit() {
-                    Ok(_) => break,
-                    Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
-                    // The completion queue is full: reap, then try again.
-                    Err(e) if e.raw_os_error() == Some(libc::EBUSY) => ring.reap(),
-                    Err(e) => return Err(io::Error::new(e.kind(), format!("io_uring submit: {e}"))),
-                }
+            // Submit now when the ring is idle (latency) or a batch is ready;
+            // otherwise the reaper submits at the next completion, which is
+            // due soon because something is in flight (batching).
+            if submitted_before == 0 || ring.unsubmitted >= SUBMIT_BATCH || matches!(op, Op::Sync) {
+                ring.submit()?;
             }
         }
         done.await.map_err(|_| io::Error::other("io_uring request dropped"))?
