@@ -417,3 +417,20 @@ fn after_an_engine_crash_the_newest_replica_serves_and_the_other_is_rebuilt() {
     assert_identical(&images, &c.addresses());
     assert!(images[0][..1 << 20].iter().all(|&b| b == 0x0b));
 }
+
+#[test]
+fn expand_grows_every_replica() {
+    let mut c = Cluster::new("eng-expand", 2);
+    c.start_engine(1, &[]);
+    run("qemu-io", &["-f", "raw", &c.uri(), "-c", "write -P 0x3c 0 1M"]).unwrap();
+    let status = engine_cli(&["expand", "--engine", &c.engine().address, "--size", "320MiB"]).expect("expand");
+    assert!(status.contains(&(320u64 << 20).to_string()), "{status}");
+    assert_eq!(run("nbdinfo", &["--size", &c.uri()]).unwrap().trim(), (320u64 << 20).to_string());
+    run("qemu-io", &["-f", "raw", &c.uri(), "-c", "write -P 0x3d 300M 1M", "-c", "read -P 0x3c 0 1M"]).unwrap();
+    let rt = runtime();
+    let images: Vec<Vec<u8>> = c.addresses().iter().map(|a| rt.block_on(replica_image(a, 320 << 20, 1))).collect();
+    assert_identical(&images, &c.addresses());
+    assert!(images[0][300 << 20..301 << 20].iter().all(|&b| b == 0x3d));
+    let shrink = engine_cli(&["expand", "--engine", &c.engine().address, "--size", "128MiB"]).unwrap_err();
+    assert!(shrink.contains("at least"), "{shrink}");
+}
