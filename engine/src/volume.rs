@@ -501,9 +501,11 @@ impl Volume {
                 }
                 Err(e) => {
                     // A checksum mismatch or I/O error: this copy is bad;
-                    // the next replica serves and this one gets rebuilt.
+                    // the next replica serves and this one gets rebuilt,
+                    // the failed range included (its metadata may look fine).
                     last_error = format!("replica {}: {e}", replica.address);
                     self.fail_replica(replica, &e.to_string());
+                    self.mark_dirty(offset, length, Some(replica.store_id));
                 }
             }
         }
@@ -857,7 +859,14 @@ impl Volume {
         let started = std::time::Instant::now();
         for (layer, wanted) in &plan {
             for batch in wanted.chunks(CHECKSUM_BATCH_CHUNKS as usize) {
-                let differing = self.differing_chunks(source, target, layer, batch).await?;
+                // Chunks a dirty map names are copied as they are: one may
+                // hold a block that failed its checksum on the target while
+                // its metadata still matches the source's.
+                let differing = if dirty.is_some() && same_chain {
+                    batch.to_vec()
+                } else {
+                    self.differing_chunks(source, target, layer, batch).await?
+                };
                 status.compared_bytes += batch.len() as u64 * CHUNK;
                 for (n, chunk) in differing.iter().enumerate() {
                     status.copied_bytes += self.copy_chunk(source, target, layer, *chunk).await?;

@@ -64,3 +64,43 @@ pub mod runtime {
         builder.enable_all().build()
     }
 }
+
+pub mod shutdown {
+    //! Graceful stop for a gRPC server whose clients keep long-lived streams
+    //! open (engines keep their replica streams open for ever): on SIGTERM or
+    //! SIGINT stop accepting, give open connections `grace` to finish, then
+    //! stop serving regardless so the caller can close its state cleanly.
+
+    use std::time::Duration;
+
+    pub async fn signal() {
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+    }
+
+    /// Runs `serve(stop)` until a signal, then at most `grace` longer.
+    pub async fn serve_until_signal<F, Fut>(serve: F, grace: Duration) -> Result<(), String>
+    where
+        F: FnOnce(tokio::sync::oneshot::Receiver<()>) -> Fut,
+        Fut: std::future::Future<Output = Result<(), String>> + Send + 'static,
+    {
+        let (stop, stopped) = tokio::sync::oneshot::channel();
+        let mut server = tokio::spawn(serve(stopped));
+        tokio::select! {
+            result = &mut server => return result.map_err(|e| format!("server task: {e}"))?,
+            _ = signal() => {}
+        }
+        let _ = stop.send(());
+        match tokio::time::timeout(grace, &mut server).await {
+            Ok(result) => result.map_err(|e| format!("server task: {e}"))?,
+            Err(_) => {
+                server.abort();
+                Ok(())
+            }
+        }
+    }
+}

@@ -434,3 +434,39 @@ fn expand_grows_every_replica() {
     let shrink = engine_cli(&["expand", "--engine", &c.engine().address, "--size", "128MiB"]).unwrap_err();
     assert!(shrink.contains("at least"), "{shrink}");
 }
+
+#[test]
+fn a_corrupt_block_on_one_replica_is_read_from_another_and_repaired() {
+    let mut c = Cluster::new("eng-corrupt", 2);
+    c.start_engine(1, &[]);
+    run("qemu-io", &["-f", "raw", &c.uri(), "-c", "write -P 0x6e 2M 64k", "-c", "flush"]).unwrap();
+    // Flip a byte of that data in replica 0's store while it is stopped.
+    assert_eq!(c.replicas[0].stop(Duration::from_secs(20)), Some(0));
+    let path = c.dir.path().join("r0.img");
+    let mut raw = std::fs::read(&path).unwrap();
+    let at = raw.chunks(4096).position(|b| b.iter().all(|&x| x == 0x6e)).expect("data block in the store");
+    raw[at * 4096 + 17] ^= 1;
+    std::fs::write(&path, &raw).unwrap();
+    drop(raw);
+    c.add_replica_process(0);
+    c.engine.as_mut().unwrap().stop(Duration::from_secs(20));
+    c.start_engine(2, &[]);
+    let corrupt = c.replicas[0].address.clone();
+    // Round-robin reads reach replica 0; every read still returns good data.
+    for _ in 0..4 {
+        let out = run("qemu-io", &["-f", "raw", &c.uri(), "-c", "read -P 0x6e 2M 64k"]).unwrap();
+        assert!(!out.contains("Pattern verification failed") && !out.contains("failed"), "{out}");
+    }
+    assert_eq!(replica_modes(&engine_status(c.engine()))[&corrupt], "ERR");
+    // Re-adding it repairs the range that failed.
+    engine_cli(&["replica", "remove", "--engine", &c.engine().address, "--replica", &corrupt]).unwrap();
+    engine_cli(&["replica", "add", "--engine", &c.engine().address, "--replica", &corrupt]).unwrap();
+    let rt = runtime();
+    let mut client = rt.block_on(connect(&corrupt));
+    let data = rt.block_on(async {
+        let s = DataStream::open(&mut client).await;
+        s.read(2 << 20, 65536, 2).await
+    });
+    let data = data.expect("the repaired range reads back");
+    assert!(data.iter().all(|&b| b == 0x6e));
+}
