@@ -414,7 +414,12 @@ where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let session = Arc::new(session);
-    let (mut reader, mut writer) = tokio::io::split(stream);
+    let (reader, writer) = tokio::io::split(stream);
+    // Buffered both ways: at depth, several request headers arrive in one
+    // read and several replies leave in one write, instead of a system call
+    // per header, per payload and per reply part.
+    let mut reader = tokio::io::BufReader::with_capacity(256 << 10, reader);
+    let mut writer = tokio::io::BufWriter::with_capacity(256 << 10, writer);
     let (tx, mut rx) = mpsc::channel::<Vec<Bytes>>(IN_FLIGHT_PER_CONNECTION);
     let writer_task = tokio::spawn(async move {
         while let Some(parts) = rx.recv().await {
