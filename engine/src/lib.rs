@@ -59,17 +59,9 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
     }
     println!("listening on {local}");
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-    let service = control::EngineService::new(volume.clone());
-    let serve = move |stopped: tokio::sync::oneshot::Receiver<()>| async move {
-        tonic::transport::Server::builder()
-            .add_service(service)
-            .serve_with_incoming_shutdown(incoming, async {
-                let _ = stopped.await;
-            })
-            .await
-            .map_err(|e| format!("control server: {e}"))
-    };
-    ironhorn_proto::shutdown::serve_until_signal(serve, std::time::Duration::from_secs(2)).await?;
+    let router = tonic::transport::Server::builder().add_service(control::EngineService::new(volume.clone()));
+    ironhorn_proto::shutdown::serve_router(router, incoming, std::time::Duration::from_secs(2), "control server")
+        .await?;
     tracing::info!("shutting down: flushing replicas");
     if let Err(e) = volume.flush().await {
         tracing::warn!(error = %e, "final flush failed");

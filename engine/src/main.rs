@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use ironhorn_engine::{ServeConfig, control, nbd, parse_size};
+use ironhorn_engine::{ServeConfig, nbd, parse_size};
 use ironhorn_proto::engine::engine_client::EngineClient;
 use ironhorn_proto::engine::*;
 
@@ -220,7 +220,6 @@ fn main() {
         .init();
     let cli = Cli::parse();
     let runtime = ironhorn_proto::runtime::build().expect("tokio runtime");
-    let _ = control::status_message;
     if let Err(e) = runtime.block_on(drive(cli.command)) {
         eprintln!("ironhorn-engine: {e}");
         std::process::exit(1);

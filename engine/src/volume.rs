@@ -25,9 +25,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures_util::future::join_all;
 use ironhorn_proto::replica::{
-    ChecksumsRequest, ExpandRequest, ExtentsRequest, InfoRequest, InfoResponse, IoOp, LayerInsertRequest,
-    ReadLayerRequest, SetEpochRequest, SnapshotCreateRequest, SnapshotDeleteRequest, SnapshotListRequest,
-    SnapshotRevertRequest, WriteLayerRequest,
+    ChecksumsRequest, ExpandRequest, ExtentsRequest, InfoResponse, IoOp, LayerInsertRequest, ReadLayerRequest,
+    SetEpochRequest, SnapshotCreateRequest, SnapshotDeleteRequest, SnapshotListRequest, SnapshotRevertRequest,
+    WriteLayerRequest,
 };
 use serde::Serialize;
 use thiserror::Error;
@@ -1063,17 +1063,6 @@ async fn same_data(a: &Replica, b: &Replica, size: u64, timeout: Duration) -> st
         }
     }
     Ok(true)
-}
-
-impl Volume {
-    /// Info of every writable replica (for tests and status tooling).
-    pub async fn replica_infos(&self) -> Vec<(String, std::result::Result<InfoResponse, ReplicaError>)> {
-        let mut out = Vec::new();
-        for r in self.replicas_in(&[Mode::RW, Mode::WO]) {
-            out.push((r.address.clone(), unary(self.timeout, r.conn.client().info(InfoRequest {})).await));
-        }
-        out
-    }
 }
 
 #[cfg(test)]

@@ -82,6 +82,24 @@ pub mod shutdown {
         }
     }
 
+    /// Serves `router` on `incoming` until a signal, then at most `grace`.
+    pub async fn serve_router(
+        router: tonic::transport::server::Router,
+        incoming: tonic::transport::server::TcpIncoming,
+        grace: Duration,
+        what: &'static str,
+    ) -> Result<(), String> {
+        let serve = move |stopped: tokio::sync::oneshot::Receiver<()>| async move {
+            router
+                .serve_with_incoming_shutdown(incoming, async {
+                    let _ = stopped.await;
+                })
+                .await
+                .map_err(|e| format!("{what}: {e}"))
+        };
+        serve_until_signal(serve, grace).await
+    }
+
     /// Runs `serve(stop)` until a signal, then at most `grace` longer.
     pub async fn serve_until_signal<F, Fut>(serve: F, grace: Duration) -> Result<(), String>
     where

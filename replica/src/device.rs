@@ -149,10 +149,6 @@ impl Device {
         self.kind
     }
 
-    pub fn segments(&self) -> &[Segment] {
-        &self.segments
-    }
-
     /// Splits [offset, offset+len) into (file, physical offset, buffer range).
     fn pieces(&self, offset: u64, len: u64) -> io::Result<Vec<(usize, u64, usize, usize)>> {
         if offset % IO_ALIGN as u64 != 0 || len % IO_ALIGN as u64 != 0 || offset + len > self.size_bytes {

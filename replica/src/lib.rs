@@ -41,17 +41,8 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
     // Tests and supervisors read this line to learn the bound address.
     println!("listening on {local}");
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-    let service = server::ReplicaService::new(store.clone());
-    let serve = move |stopped: tokio::sync::oneshot::Receiver<()>| async move {
-        tonic::transport::Server::builder()
-            .add_service(service)
-            .serve_with_incoming_shutdown(incoming, async {
-                let _ = stopped.await;
-            })
-            .await
-            .map_err(|e| format!("gRPC server: {e}"))
-    };
-    ironhorn_proto::shutdown::serve_until_signal(serve, std::time::Duration::from_secs(2)).await?;
+    let router = tonic::transport::Server::builder().add_service(server::ReplicaService::new(store.clone()));
+    ironhorn_proto::shutdown::serve_router(router, incoming, std::time::Duration::from_secs(2), "gRPC server").await?;
     tracing::info!("shutting down");
     store.close().await.map_err(|e| format!("close store: {e}"))?;
     tracing::info!("store closed cleanly");

@@ -157,12 +157,6 @@ async fn complete(store: &Store, ordered: Ordered) -> IoResponse {
     }
 }
 
-/// Runs one data request against the store.
-pub async fn execute(store: &Store, req: IoRequest) -> IoResponse {
-    let ordered = order(store, req).await;
-    complete(store, ordered).await
-}
-
 type IoStream = Pin<Box<dyn Stream<Item = Result<IoResponse, Status>> + Send>>;
 
 #[tonic::async_trait]
