@@ -9,6 +9,10 @@ pub mod engine {
     tonic::include_proto!("ironhorn.engine.v1");
 }
 
+pub mod instance {
+    tonic::include_proto!("ironhorn.instance.v1");
+}
+
 pub mod units {
     //! Sizes as people write them: `1GiB`, `512MiB`, `4096`, `10G` (binary).
 

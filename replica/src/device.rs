@@ -94,7 +94,9 @@ impl Device {
                 file.set_len(size_bytes)?;
                 file.sync_all()
             }
-            StoreLocation::Lvm { vg, lv } => lvm::lv_create(vg, lv, size_bytes),
+            // The superblock slots (and the journal head) must not hold an
+            // earlier LV's store: zero the first MiB before the LV appears.
+            StoreLocation::Lvm { vg, lv } => lvm::lv_create_zeroed(vg, lv, size_bytes, 1 << 20),
         }
     }
 

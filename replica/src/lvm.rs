@@ -132,8 +132,54 @@ pub fn lv_exists(vg: &str, lv: &str) -> io::Result<bool> {
     Ok(run(cmd).is_ok())
 }
 
+/// Names of the LVs in a volume group.
+pub fn lv_list(vg: &str) -> io::Result<Vec<String>> {
+    vg_info(vg)?;
+    let mut cmd = lvm_command("lvs");
+    cmd.args(["--noheadings", "-o", "lv_name", vg]);
+    Ok(run(cmd)?.lines().map(str::trim).filter(|l| !l.is_empty()).map(String::from).collect())
+}
+
 fn round_up(value: u64, to: u64) -> u64 {
     value.div_ceil(to) * to
+}
+
+/// Creates an LV whose first `zero_bytes` read as zeros, atomically: it is
+/// made under a staging name, its head is zeroed, and only then renamed. LVs
+/// are created without zeroing (`-Zn`: zeroing needs device-mapper), so new
+/// extents can hold an earlier LV's bytes, including a valid store superblock;
+/// a crash at any point leaves either no LV of this name or a zeroed one.
+pub fn lv_create_zeroed(vg: &str, lv: &str, size_bytes: u64, zero_bytes: usize) -> io::Result<()> {
+    let staging = format!("{lv}.new");
+    if lv_exists(vg, &staging)? {
+        lv_remove(vg, &staging)?;
+    }
+    lv_create(vg, &staging, size_bytes)?;
+    let zeroed = (|| -> io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        let (files, segments) = lv_map(vg, &staging)?;
+        let zeros = crate::io::AlignedBuf::zeroed(zero_bytes);
+        let mut done = 0u64;
+        for seg in segments.iter().filter(|s| s.logical_start < zero_bytes as u64) {
+            let len = seg.length.min(zero_bytes as u64 - seg.logical_start) as usize;
+            files[seg.file].write_all_at(&zeros[..len], seg.physical_start)?;
+            done += len as u64;
+        }
+        for f in &files {
+            f.sync_all()?;
+        }
+        if done < zero_bytes as u64 {
+            return Err(io::Error::other(format!("{vg}/{staging}: could only zero {done} of {zero_bytes} bytes")));
+        }
+        Ok(())
+    })();
+    if let Err(e) = zeroed {
+        let _ = lv_remove(vg, &staging);
+        return Err(e);
+    }
+    let mut cmd = lvm_command("lvrename");
+    cmd.args([vg, &staging, lv]);
+    run(cmd).map(drop)
 }
 
 pub fn lv_create(vg: &str, lv: &str, size_bytes: u64) -> io::Result<()> {

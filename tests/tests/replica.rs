@@ -286,6 +286,41 @@ fn lvm_store_with_a_second_segment_survives_restart_and_delete_removes_it() {
     assert_eq!(vg.lv_names(), vec!["blocker".to_string()], "delete removed the LV");
 }
 
+/// LVs are made without zeroing, so a new LV can sit on a deleted LV's
+/// extents, valid superblock and all. A new store must start empty, never
+/// open what an earlier volume left there.
+#[test]
+fn a_new_lv_on_a_deleted_lvs_extents_starts_empty() {
+    let dir = TempDir::new("lvreuse");
+    let vg = VolumeGroup::new(dir.path(), 256 << 20);
+    let rt = runtime();
+    let old = format!("lvm:{}/old", vg.name);
+    let mut replica = start_replica("old", &old, "32MiB", dir.path(), &[]).unwrap();
+    rt.block_on(async {
+        let mut client = connect(&replica.address).await;
+        let s = DataStream::open(&mut client).await;
+        for b in 0..64 {
+            s.write(b * BLOCK as u64, pattern(b, 7), EPOCH).await.unwrap();
+        }
+        s.flush(EPOCH).await.unwrap();
+    });
+    assert_eq!(replica.stop(Duration::from_secs(20)), Some(0));
+    run(binary("ironhorn-replica").to_str().unwrap(), &["delete", "--store", &old]).expect("delete");
+    // Same size, same VG: the allocator hands out the same extents.
+    let new = format!("lvm:{}/new", vg.name);
+    let mut replica = start_replica("new", &new, "32MiB", dir.path(), &[]).unwrap();
+    rt.block_on(async {
+        let mut client = connect(&replica.address).await;
+        let info = client.info(InfoRequest {}).await.unwrap().into_inner();
+        assert_eq!(info.revision_counter, 0, "a new store has no history");
+        let s = DataStream::open(&mut client).await;
+        let data = s.read(0, 64 * BLOCK as u64, EPOCH).await.unwrap();
+        assert!(data.iter().all(|&b| b == 0), "a new store read the deleted volume's data");
+    });
+    assert_eq!(replica.stop(Duration::from_secs(20)), Some(0));
+    assert_eq!(vg.lv_names(), vec!["new".to_string()], "no staging LV left behind");
+}
+
 #[test]
 fn bad_store_arguments_fail_with_one_line() {
     let dir = TempDir::new("badargs");

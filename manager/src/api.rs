@@ -1,0 +1,254 @@
+//! REST API (JSON over HTTP) over the datastore. It writes specs only; the
+//! controllers do the work and report in status. Errors are JSON
+//! `{"error": "..."}` with 400 (bad input), 404 (unknown name), 409 (conflicts
+//! with the current state).
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::crd::*;
+use crate::datastore::{self, Datastore, update};
+use crate::settings;
+
+pub struct ApiError(StatusCode, String);
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.0, Json(json!({ "error": self.1 }))).into_response()
+    }
+}
+
+impl From<datastore::Error> for ApiError {
+    fn from(e: datastore::Error) -> Self {
+        let code = match e {
+            datastore::Error::NotFound { .. } => StatusCode::NOT_FOUND,
+            datastore::Error::AlreadyExists { .. } | datastore::Error::Conflict { .. } => StatusCode::CONFLICT,
+            datastore::Error::Backend(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        ApiError(code, e.to_string())
+    }
+}
+
+fn bad(message: impl Into<String>) -> ApiError {
+    ApiError(StatusCode::BAD_REQUEST, message.into())
+}
+
+fn not_found(kind: &str, name: &str) -> ApiError {
+    ApiError(StatusCode::NOT_FOUND, format!("{kind} {name:?} not found"))
+}
+
+type Reply = Result<Json<Value>, ApiError>;
+
+fn reply<T: serde::Serialize>(value: &T) -> Reply {
+    serde_json::to_value(value).map(Json).map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))
+}
+
+pub fn router<D: Datastore>(store: D) -> Router {
+    Router::new()
+        .route("/v1/volumes", get(list::<D, Volume>).post(create_volume::<D>))
+        .route("/v1/volumes/{name}", get(get_volume::<D>).delete(delete_volume::<D>))
+        .route("/v1/volumes/{name}/attach", post(attach::<D>))
+        .route("/v1/volumes/{name}/detach", post(detach::<D>))
+        .route("/v1/nodes", get(list::<D, Node>))
+        .route("/v1/replicas", get(list::<D, Replica>))
+        .route("/v1/engines", get(list::<D, Engine>))
+        .route("/v1/settings", get(list_settings::<D>))
+        .route("/v1/settings/{name}", get(get_setting::<D>).put(set_setting::<D>))
+        .with_state(store)
+}
+
+async fn list<D: Datastore, K: datastore::Object>(State(store): State<D>) -> Reply {
+    reply(&store.list::<K>().await?)
+}
+
+/// A DNS-1123 label short enough that replica and engine names built from it
+/// stay valid LV and object names.
+pub fn valid_volume_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 40
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-')
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct CreateVolume {
+    name: String,
+    /// "10GiB" or a number of bytes.
+    size: Value,
+    number_of_replicas: Option<u32>,
+    #[serde(default)]
+    frontend: Frontend,
+    #[serde(default)]
+    node_selector: Vec<String>,
+    #[serde(default)]
+    disk_selector: Vec<String>,
+    #[serde(default)]
+    replica_soft_anti_affinity: SoftAntiAffinity,
+    stale_replica_timeout: Option<u64>,
+}
+
+fn parse_size_value(size: &Value) -> Result<u64, ApiError> {
+    let bytes = match size {
+        Value::String(s) => ironhorn_proto::units::parse_size(s).map_err(bad)?,
+        Value::Number(n) => n.as_u64().ok_or_else(|| bad(format!("size {n} is not a byte count")))?,
+        other => return Err(bad(format!("size {other} is not a size"))),
+    };
+    if bytes == 0 || bytes % 4096 != 0 {
+        return Err(bad(format!("size {bytes} must be a positive multiple of 4096 bytes")));
+    }
+    Ok(bytes)
+}
+
+async fn create_volume<D: Datastore>(State(store): State<D>, body: Result<Json<CreateVolume>, axum::extract::rejection::JsonRejection>) -> Reply {
+    let Json(body) = body.map_err(|e| bad(e.body_text()))?;
+    if !valid_volume_name(&body.name) {
+        return Err(bad(format!(
+            "volume name {:?}: use 1-40 lowercase letters, digits and '-', not starting or ending with '-'",
+            body.name
+        )));
+    }
+    let size = parse_size_value(&body.size)?;
+    let replicas = match body.number_of_replicas {
+        Some(n) => n,
+        None => settings::get_u64(&store, "default-replica-count").await? as u32,
+    };
+    if !(1..=20).contains(&replicas) {
+        return Err(bad(format!("numberOfReplicas {replicas}: must be 1 to 20")));
+    }
+    let mut volume = Volume::new(
+        &body.name,
+        VolumeSpec {
+            size,
+            number_of_replicas: replicas,
+            frontend: body.frontend,
+            node_id: String::new(),
+            stale_replica_timeout: body.stale_replica_timeout.unwrap_or(2880),
+            replica_soft_anti_affinity: body.replica_soft_anti_affinity,
+            node_selector: body.node_selector,
+            disk_selector: body.disk_selector,
+            ..Default::default()
+        },
+    );
+    volume.metadata.finalizers = Some(vec![FINALIZER.to_string()]);
+    volume.status = Some(VolumeStatus { state: "creating".into(), robustness: "unknown".into(), ..Default::default() });
+    let created = store.create(&volume).await?;
+    reply(&created)
+}
+
+async fn get_volume<D: Datastore>(State(store): State<D>, Path(name): Path<String>) -> Reply {
+    match store.get::<Volume>(&name).await? {
+        Some(v) => reply(&v),
+        None => Err(not_found("volume", &name)),
+    }
+}
+
+async fn delete_volume<D: Datastore>(State(store): State<D>, Path(name): Path<String>) -> Reply {
+    if store.get::<Volume>(&name).await?.is_none() {
+        return Err(not_found("volume", &name));
+    }
+    store.delete::<Volume>(&name).await?;
+    Ok(Json(json!({ "deleting": name })))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Attach {
+    node: String,
+    frontend: Option<Frontend>,
+}
+
+async fn attach<D: Datastore>(
+    State(store): State<D>,
+    Path(name): Path<String>,
+    body: Result<Json<Attach>, axum::extract::rejection::JsonRejection>,
+) -> Reply {
+    let Json(body) = body.map_err(|e| bad(e.body_text()))?;
+    let volume = store.get::<Volume>(&name).await?.ok_or_else(|| not_found("volume", &name))?;
+    if store.get::<Node>(&body.node).await?.is_none() {
+        return Err(not_found("node", &body.node));
+    }
+    if volume.metadata.deletion_timestamp.is_some() {
+        return Err(ApiError(StatusCode::CONFLICT, format!("volume {name} is being deleted")));
+    }
+    if !volume.spec.node_id.is_empty() && volume.spec.node_id != body.node {
+        return Err(ApiError(
+            StatusCode::CONFLICT,
+            format!("volume {name} is attached to {}; detach it first", volume.spec.node_id),
+        ));
+    }
+    let status = volume.status.clone().unwrap_or_default();
+    if let Some(c) = condition(&status.conditions, "Scheduled")
+        && c.status == "False"
+    {
+        return Err(ApiError(StatusCode::CONFLICT, format!("volume {name} is not scheduled: {}", c.message)));
+    }
+    let updated = update::<Volume, D>(&store, &name, |v| {
+        let frontend = body.frontend.unwrap_or(v.spec.frontend);
+        let changed = v.spec.node_id != body.node || v.spec.frontend != frontend;
+        v.spec.node_id = body.node.clone();
+        v.spec.frontend = frontend;
+        changed
+    })
+    .await?;
+    reply(&updated)
+}
+
+async fn detach<D: Datastore>(State(store): State<D>, Path(name): Path<String>) -> Reply {
+    let updated = update::<Volume, D>(&store, &name, |v| {
+        let changed = !v.spec.node_id.is_empty();
+        v.spec.node_id.clear();
+        changed
+    })
+    .await?
+    .ok_or_else(|| not_found("volume", &name))?;
+    reply(&updated)
+}
+
+async fn list_settings<D: Datastore>(State(store): State<D>) -> Reply {
+    let mut out = Vec::new();
+    for def in settings::DEFINITIONS {
+        out.push(json!({
+            "name": def.name,
+            "value": settings::get(&store, def.name).await?,
+            "default": def.default,
+            "description": def.description,
+        }));
+    }
+    Ok(Json(Value::Array(out)))
+}
+
+async fn get_setting<D: Datastore>(State(store): State<D>, Path(name): Path<String>) -> Reply {
+    let def = settings::definition(&name).ok_or_else(|| not_found("setting", &name))?;
+    Ok(Json(json!({
+        "name": def.name,
+        "value": settings::get(&store, def.name).await?,
+        "default": def.default,
+        "description": def.description,
+    })))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SetSetting {
+    value: String,
+}
+
+async fn set_setting<D: Datastore>(
+    State(store): State<D>,
+    Path(name): Path<String>,
+    body: Result<Json<SetSetting>, axum::extract::rejection::JsonRejection>,
+) -> Reply {
+    let Json(body) = body.map_err(|e| bad(e.body_text()))?;
+    if settings::definition(&name).is_none() {
+        return Err(not_found("setting", &name));
+    }
+    let value = settings::set(&store, &name, &body.value).await.map_err(bad)?;
+    Ok(Json(json!({ "name": name, "value": value })))
+}

@@ -1,0 +1,91 @@
+//! The manager's only road to the processes: instance managers (one per node)
+//! and engines, over gRPC. Controllers decide; this applies. A trait, so the
+//! decision code can be driven without processes.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ironhorn_proto::engine::engine_client::EngineClient;
+use ironhorn_proto::engine::{StatusRequest, StatusResponse};
+use ironhorn_proto::instance::instance_manager_client::InstanceManagerClient;
+use ironhorn_proto::instance::{self as pb};
+use tonic::transport::{Channel, Endpoint};
+
+pub trait Cluster: Clone + Send + Sync + 'static {
+    fn instances(&self, im: &str) -> impl Future<Output = Result<Vec<pb::Instance>, String>> + Send;
+    fn create_instance(&self, im: &str, request: pb::CreateRequest)
+    -> impl Future<Output = Result<pb::Instance, String>> + Send;
+    /// Stops and forgets an instance; an unknown name is already deleted.
+    fn delete_instance(&self, im: &str, name: &str, remove_data: bool)
+    -> impl Future<Output = Result<(), String>> + Send;
+    fn disk_status(&self, im: &str, disk: &str) -> impl Future<Output = Result<pb::DiskStatusResponse, String>> + Send;
+    fn delete_store(&self, im: &str, store: &str) -> impl Future<Output = Result<(), String>> + Send;
+    fn engine_status(&self, engine: &str) -> impl Future<Output = Result<StatusResponse, String>> + Send;
+}
+
+#[derive(Clone, Default)]
+pub struct GrpcCluster {
+    channels: Arc<Mutex<HashMap<String, Channel>>>,
+}
+
+impl GrpcCluster {
+    fn channel(&self, address: &str) -> Result<Channel, String> {
+        let mut channels = self.channels.lock().expect("channel cache");
+        if let Some(c) = channels.get(address) {
+            return Ok(c.clone());
+        }
+        let channel = Endpoint::from_shared(format!("http://{address}"))
+            .map_err(|e| format!("{address}: {e}"))?
+            .connect_timeout(Duration::from_secs(2))
+            .timeout(Duration::from_secs(30))
+            .connect_lazy();
+        channels.insert(address.to_string(), channel.clone());
+        Ok(channel)
+    }
+
+    fn im(&self, address: &str) -> Result<InstanceManagerClient<Channel>, String> {
+        Ok(InstanceManagerClient::new(self.channel(address)?))
+    }
+}
+
+fn status(address: &str, s: tonic::Status) -> String {
+    format!("{address}: {}", s.message())
+}
+
+impl Cluster for GrpcCluster {
+    async fn instances(&self, im: &str) -> Result<Vec<pb::Instance>, String> {
+        let reply = self.im(im)?.list(pb::ListRequest {}).await.map_err(|e| status(im, e))?;
+        Ok(reply.into_inner().instances)
+    }
+
+    async fn create_instance(&self, im: &str, request: pb::CreateRequest) -> Result<pb::Instance, String> {
+        Ok(self.im(im)?.create(request).await.map_err(|e| status(im, e))?.into_inner())
+    }
+
+    async fn delete_instance(&self, im: &str, name: &str, remove_data: bool) -> Result<(), String> {
+        let request = pb::DeleteRequest { name: name.to_string(), remove_data };
+        match self.im(im)?.delete(request).await {
+            Ok(_) => Ok(()),
+            Err(s) if s.code() == tonic::Code::NotFound => Ok(()),
+            Err(s) => Err(status(im, s)),
+        }
+    }
+
+    async fn disk_status(&self, im: &str, disk: &str) -> Result<pb::DiskStatusResponse, String> {
+        let request = pb::DiskStatusRequest { disk: disk.to_string() };
+        Ok(self.im(im)?.disk_status(request).await.map_err(|e| status(im, e))?.into_inner())
+    }
+
+    async fn delete_store(&self, im: &str, store: &str) -> Result<(), String> {
+        let request = pb::DeleteStoreRequest { store: store.to_string() };
+        self.im(im)?.delete_store(request).await.map_err(|e| status(im, e))?;
+        Ok(())
+    }
+
+    async fn engine_status(&self, engine: &str) -> Result<StatusResponse, String> {
+        let mut client = EngineClient::new(self.channel(engine)?);
+        Ok(client.status(StatusRequest {}).await.map_err(|e| status(engine, e))?.into_inner())
+    }
+}

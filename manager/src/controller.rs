@@ -1,0 +1,735 @@
+//! The controllers: node, volume (with its engine and replicas) and instance
+//! manager. One loop reconciles everything, on every datastore change and on a
+//! timer; each pass reads a fresh snapshot (objects from the datastore,
+//! processes from every node's instance manager), decides, applies through
+//! [`Cluster`], then writes status. Nothing is assumed about why a pass ran,
+//! so a manager killed at any point and started again simply carries on: the
+//! processes it started are found in the instance managers' lists and kept.
+//!
+//! Fencing: an engine is started only after its Engine object holds an epoch
+//! higher than any it was started with before (written first, then the
+//! process is created), so two engines of a volume never share an epoch.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use ironhorn_proto::instance::{self as pb, InstanceState};
+use kube::ResourceExt;
+
+use crate::cluster::Cluster;
+use crate::crd::*;
+use crate::datastore::{self, Datastore, update, update_status};
+use crate::scheduler::{self, DiskCandidate, Limits, Placed};
+use crate::settings;
+
+pub const ENGINE_SUFFIX: &str = "-e";
+
+pub fn now() -> String {
+    jiff::Timestamp::now().to_string()
+}
+
+pub fn engine_name(volume: &str) -> String {
+    format!("{volume}{ENGINE_SUFFIX}")
+}
+
+fn state_name(state: i32) -> &'static str {
+    match InstanceState::try_from(state).unwrap_or(InstanceState::Unspecified) {
+        InstanceState::Starting => "starting",
+        InstanceState::Running => "running",
+        InstanceState::Stopping => "stopping",
+        InstanceState::Stopped => "stopped",
+        InstanceState::Error => "error",
+        InstanceState::Unspecified => "unknown",
+    }
+}
+
+/// The store of a replica named `replica` on a disk at `disk_path`.
+pub fn data_path(disk_path: &str, replica: &str) -> String {
+    match disk_path.strip_prefix("lvm:") {
+        Some(vg) => format!("lvm:{vg}/{replica}"),
+        None => format!("{}/{replica}.img", disk_path.trim_end_matches('/')),
+    }
+}
+
+/// What one pass sees.
+pub struct Snapshot {
+    pub nodes: Vec<Node>,
+    /// Node name → its instances, or the error reaching its instance manager.
+    pub instances: HashMap<String, Result<Vec<pb::Instance>, String>>,
+    pub volumes: Vec<Volume>,
+    pub engines: Vec<Engine>,
+    pub replicas: Vec<Replica>,
+}
+
+impl Snapshot {
+    fn node(&self, name: &str) -> Option<&Node> {
+        self.nodes.iter().find(|n| n.name_any() == name)
+    }
+
+    fn node_ready(&self, name: &str) -> bool {
+        matches!(self.instances.get(name), Some(Ok(_)))
+    }
+
+    fn instance(&self, node: &str, name: &str) -> Option<&pb::Instance> {
+        match self.instances.get(node) {
+            Some(Ok(list)) => list.iter().find(|i| i.name == name),
+            _ => None,
+        }
+    }
+
+    fn replicas_of(&self, volume: &str) -> Vec<&Replica> {
+        self.replicas.iter().filter(|r| r.spec.volume_name == volume).collect()
+    }
+}
+
+#[derive(Clone)]
+pub struct Controller<D: Datastore, C: Cluster> {
+    pub store: D,
+    pub cluster: C,
+}
+
+type Outcome = Result<(), String>;
+
+fn ds(e: datastore::Error) -> String {
+    e.to_string()
+}
+
+impl<D: Datastore, C: Cluster> Controller<D, C> {
+    pub fn new(store: D, cluster: C) -> Self {
+        Self { store, cluster }
+    }
+
+    /// Reconciles until `stop` resolves: on every change, and at least every
+    /// `resync`.
+    pub async fn run(&self, resync: Duration, stop: impl std::future::Future<Output = ()>) {
+        let mut volumes = self.store.watch::<Volume>().await.ok();
+        let mut nodes = self.store.watch::<Node>().await.ok();
+        let mut stop = std::pin::pin!(stop);
+        loop {
+            if let Err(e) = self.reconcile_all().await {
+                tracing::warn!(error = %e, "reconcile pass failed");
+            }
+            let changed = async {
+                match (&mut volumes, &mut nodes) {
+                    (Some(v), Some(n)) => {
+                        tokio::select! { _ = v.recv() => {}, _ = n.recv() => {} }
+                    }
+                    _ => std::future::pending::<()>().await,
+                }
+            };
+            tokio::select! {
+                _ = &mut stop => return,
+                _ = tokio::time::sleep(resync) => {}
+                _ = changed => {
+                    // Let a burst of changes settle into one pass.
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    if let Some(v) = &mut volumes { while v.try_recv().is_ok() {} }
+                    if let Some(n) = &mut nodes { while n.try_recv().is_ok() {} }
+                }
+            }
+        }
+    }
+
+    pub async fn snapshot(&self) -> Result<Snapshot, String> {
+        let nodes: Vec<Node> = self.store.list().await.map_err(ds)?;
+        let mut instances = HashMap::new();
+        for node in &nodes {
+            let list = self.cluster.instances(&node.spec.instance_manager_address).await;
+            instances.insert(node.name_any(), list);
+        }
+        Ok(Snapshot {
+            nodes,
+            instances,
+            volumes: self.store.list().await.map_err(ds)?,
+            engines: self.store.list().await.map_err(ds)?,
+            replicas: self.store.list().await.map_err(ds)?,
+        })
+    }
+
+    pub async fn reconcile_all(&self) -> Outcome {
+        let snapshot = self.snapshot().await?;
+        for node in &snapshot.nodes {
+            if let Err(e) = self.reconcile_node(&snapshot, node).await {
+                tracing::warn!(node = %node.name_any(), error = %e, "node reconcile failed");
+            }
+        }
+        for volume in &snapshot.volumes {
+            if let Err(e) = self.reconcile_volume(&snapshot, volume).await {
+                tracing::warn!(volume = %volume.name_any(), error = %e, "volume reconcile failed");
+            }
+        }
+        Ok(())
+    }
+
+    // ---------------------------------------------------------------- nodes
+
+    async fn reconcile_node(&self, snapshot: &Snapshot, node: &Node) -> Outcome {
+        let name = node.name_any();
+        let now = now();
+        let im = &node.spec.instance_manager_address;
+        let reachable = snapshot.instances.get(&name).cloned().unwrap_or(Err("not listed".into()));
+        let mut disk_status = BTreeMap::new();
+        for (disk_name, disk) in &node.spec.disks {
+            let mut status = DiskStatus::default();
+            for r in snapshot.replicas.iter().filter(|r| r.spec.node_id == name && r.spec.disk_id == *disk_name) {
+                status.scheduled_replica.insert(r.name_any(), r.spec.volume_size);
+            }
+            status.storage_scheduled = status.scheduled_replica.values().sum();
+            let previous = node.status.as_ref().and_then(|s| s.disk_status.get(disk_name));
+            let mut conditions = previous.map(|p| p.conditions.clone()).unwrap_or_default();
+            let disk_reply = match &reachable {
+                Ok(_) => self.cluster.disk_status(im, &disk.path).await,
+                Err(e) => Err(e.clone()),
+            };
+            match disk_reply {
+                Ok(reply) => {
+                    status.storage_maximum = reply.total_bytes;
+                    status.storage_available = reply.free_bytes;
+                    set_condition(&mut conditions, "Ready", true, "", "", &now);
+                    let usable = reply.total_bytes.saturating_sub(disk.storage_reserved);
+                    let schedulable = disk.allow_scheduling && usable > 0;
+                    let why = if disk.allow_scheduling { "" } else { "SchedulingDisabled" };
+                    set_condition(&mut conditions, "Schedulable", schedulable, why, "", &now);
+                }
+                Err(e) => {
+                    if let Some(p) = previous {
+                        status.storage_maximum = p.storage_maximum;
+                        status.storage_available = p.storage_available;
+                    }
+                    set_condition(&mut conditions, "Ready", false, "DiskUnreachable", &e, &now);
+                    set_condition(&mut conditions, "Schedulable", false, "DiskUnreachable", &e, &now);
+                }
+            }
+            status.conditions = conditions;
+            disk_status.insert(disk_name.clone(), status);
+        }
+        let zone = node.labels().get("topology.kubernetes.io/zone").cloned().unwrap_or_default();
+        let (ready, ready_message) = match &reachable {
+            Ok(_) => (true, String::new()),
+            Err(e) => (false, e.clone()),
+        };
+        update_status::<Node, D>(&self.store, &name, |n| {
+            let status = n.status.get_or_insert_default();
+            let before = status.clone();
+            let reason = if ready { "" } else { "InstanceManagerUnreachable" };
+            set_condition(&mut status.conditions, "Ready", ready, reason, &ready_message, &now);
+            let schedulable = ready && n.spec.allow_scheduling;
+            let why = if !ready { "NodeNotReady" } else if !n.spec.allow_scheduling { "SchedulingDisabled" } else { "" };
+            set_condition(&mut status.conditions, "Schedulable", schedulable, why, "", &now);
+            status.disk_status = disk_status.clone();
+            status.zone = zone.clone();
+            *status != before
+        })
+        .await
+        .map_err(ds)?;
+
+        // The node's instance manager, as an object people can list.
+        let im_name = format!("im-{name}");
+        let instances: BTreeMap<String, String> = match &reachable {
+            Ok(list) => list.iter().map(|i| (i.name.clone(), state_name(i.state).to_string())).collect(),
+            Err(_) => BTreeMap::new(),
+        };
+        let state = if ready { "running" } else { "unknown" };
+        if self.store.get::<InstanceManager>(&im_name).await.map_err(ds)?.is_none() {
+            let spec = InstanceManagerSpec { node_id: name.clone(), address: im.clone() };
+            self.store.create(&InstanceManager::new(&im_name, spec)).await.map_err(ds)?;
+        }
+        update_status::<InstanceManager, D>(&self.store, &im_name, |o| {
+            let s = o.status.get_or_insert_default();
+            let changed = s.current_state != state || s.instances != instances;
+            s.current_state = state.to_string();
+            s.instances = instances.clone();
+            changed
+        })
+        .await
+        .map_err(ds)?;
+        Ok(())
+    }
+
+    // -------------------------------------------------------------- volumes
+
+    async fn set_volume_status(&self, name: &str, change: impl Fn(&mut VolumeStatus)) -> Outcome {
+        update_status::<Volume, D>(&self.store, name, |v| {
+            let status = v.status.get_or_insert_default();
+            let before = status.clone();
+            change(status);
+            *status != before
+        })
+        .await
+        .map(drop)
+        .map_err(ds)
+    }
+
+    async fn reconcile_volume(&self, snapshot: &Snapshot, volume: &Volume) -> Outcome {
+        let name = volume.name_any();
+        if volume.metadata.deletion_timestamp.is_some() {
+            return self.delete_volume(snapshot, volume).await;
+        }
+        let replicas = snapshot.replicas_of(&name);
+        if replicas.is_empty() {
+            return self.schedule_new_volume(snapshot, volume).await;
+        }
+        // Each replica's process runs while its volume exists.
+        for replica in &replicas {
+            self.reconcile_replica(snapshot, replica).await?;
+        }
+        self.reconcile_engine(snapshot, volume, &replicas).await
+    }
+
+    async fn limits(&self) -> Result<Limits, String> {
+        Ok(Limits {
+            over_provisioning_percentage: settings::get_u64(&self.store, "storage-over-provisioning-percentage")
+                .await
+                .map_err(ds)?,
+            minimal_available_percentage: settings::get_u64(&self.store, "storage-minimal-available-percentage")
+                .await
+                .map_err(ds)?,
+        })
+    }
+
+    /// Disks as the scheduler sees them.
+    pub fn candidates(snapshot: &Snapshot) -> Vec<DiskCandidate> {
+        let mut out = Vec::new();
+        for node in &snapshot.nodes {
+            let name = node.name_any();
+            let status = node.status.clone().unwrap_or_default();
+            let ready = snapshot.node_ready(&name);
+            for (disk_name, disk) in &node.spec.disks {
+                let ds = status.disk_status.get(disk_name).cloned().unwrap_or_default();
+                let disk_ready = condition(&ds.conditions, "Ready").is_some_and(|c| c.status == "True");
+                let scheduled =
+                    snapshot.replicas.iter().filter(|r| r.spec.node_id == name && r.spec.disk_id == *disk_name);
+                out.push(DiskCandidate {
+                    node: name.clone(),
+                    disk: disk_name.clone(),
+                    zone: status.zone.clone(),
+                    node_ready: ready,
+                    node_allow_scheduling: node.spec.allow_scheduling,
+                    disk_ready,
+                    disk_allow_scheduling: disk.allow_scheduling,
+                    node_tags: node.spec.tags.clone(),
+                    disk_tags: disk.tags.clone(),
+                    maximum: ds.storage_maximum,
+                    available: ds.storage_available,
+                    reserved: disk.storage_reserved,
+                    scheduled: scheduled.map(|r| r.spec.volume_size).sum(),
+                });
+            }
+        }
+        out
+    }
+
+    async fn scheduling_request(&self, volume: &Volume, placed: Vec<Placed>) -> Result<scheduler::Request, String> {
+        let soft = |choice: SoftAntiAffinity, default: bool| match choice {
+            SoftAntiAffinity::Enabled => true,
+            SoftAntiAffinity::Disabled => false,
+            SoftAntiAffinity::Default => default,
+        };
+        let node_soft = settings::get_bool(&self.store, "replica-soft-anti-affinity").await.map_err(ds)?;
+        let zone_soft = settings::get_bool(&self.store, "replica-zone-soft-anti-affinity").await.map_err(ds)?;
+        let disk_soft = settings::get_bool(&self.store, "replica-disk-soft-anti-affinity").await.map_err(ds)?;
+        Ok(scheduler::Request {
+            size: volume.spec.size,
+            node_selector: volume.spec.node_selector.clone(),
+            disk_selector: volume.spec.disk_selector.clone(),
+            node_soft: soft(volume.spec.replica_soft_anti_affinity, node_soft),
+            zone_soft: soft(volume.spec.replica_zone_soft_anti_affinity, zone_soft),
+            disk_soft: soft(volume.spec.replica_disk_soft_anti_affinity, disk_soft),
+            placed,
+        })
+    }
+
+    /// A new volume gets all its replicas placed at once, or none.
+    async fn schedule_new_volume(&self, snapshot: &Snapshot, volume: &Volume) -> Outcome {
+        let name = volume.name_any();
+        let request = self.scheduling_request(volume, Vec::new()).await?;
+        let count = volume.spec.number_of_replicas as usize;
+        let limits = self.limits().await?;
+        let now = now();
+        match scheduler::schedule_replicas(&request, count, &Self::candidates(snapshot), limits) {
+            Err(why) => {
+                tracing::info!(volume = %name, reason = %why, "cannot schedule replicas");
+                self.set_volume_status(&name, |s| {
+                    s.state = "creating".into();
+                    s.robustness = "unknown".into();
+                    set_condition(&mut s.conditions, "Scheduled", false, why.reason(), &why.to_string(), &now);
+                })
+                .await
+            }
+            Ok(placed) => {
+                for p in placed {
+                    let replica_name = format!("{name}-r-{}", short_id());
+                    let node = snapshot.node(&p.node).ok_or("scheduled on a node that vanished")?;
+                    let disk = &node.spec.disks[&p.disk];
+                    let spec = ReplicaSpec {
+                        volume_name: name.clone(),
+                        node_id: p.node.clone(),
+                        disk_id: p.disk.clone(),
+                        data_path: data_path(&disk.path, &replica_name),
+                        volume_size: volume.spec.size,
+                        desire_state: "running".into(),
+                        ..Default::default()
+                    };
+                    let mut replica = Replica::new(&replica_name, spec);
+                    replica.metadata.labels = Some([("ironhorn.io/volume".to_string(), name.clone())].into());
+                    self.store.create(&replica).await.map_err(ds)?;
+                    tracing::info!(volume = %name, replica = %replica_name, node = %p.node, disk = %p.disk, "replica scheduled");
+                }
+                self.set_volume_status(&name, |s| {
+                    set_condition(&mut s.conditions, "Scheduled", true, "", "", &now);
+                })
+                .await
+            }
+        }
+    }
+
+    async fn reconcile_replica(&self, snapshot: &Snapshot, replica: &Replica) -> Outcome {
+        let name = replica.name_any();
+        let Some(node) = snapshot.node(&replica.spec.node_id) else {
+            return self.set_replica_state(&name, "unknown", "", "node not found").await;
+        };
+        if !snapshot.node_ready(&replica.spec.node_id) {
+            return self.set_replica_state(&name, "unknown", "", "node unreachable").await;
+        }
+        let im = &node.spec.instance_manager_address;
+        let instance = snapshot.instance(&replica.spec.node_id, &name);
+        let failed = !replica.spec.failed_at.is_empty();
+        match instance {
+            Some(i) if i.state == InstanceState::Error as i32 => {
+                // Reported, never restarted here behind the engine's back:
+                // the replica is marked failed; healing decides what next.
+                if !failed {
+                    tracing::warn!(replica = %name, error = %i.error_message, "replica process failed");
+                    self.mark_replica_failed(&name).await?;
+                }
+                self.set_replica_state(&name, "error", "", &i.error_message).await
+            }
+            Some(i) => self.set_replica_state(&name, state_name(i.state), &i.address, "").await,
+            None if failed => self.set_replica_state(&name, "stopped", "", "").await,
+            None => {
+                let request = pb::CreateRequest {
+                    name: name.clone(),
+                    spec: Some(pb::create_request::Spec::Replica(pb::ReplicaSpec {
+                        store: replica.spec.data_path.clone(),
+                        size_bytes: replica.spec.volume_size,
+                    })),
+                };
+                let created = self.cluster.create_instance(im, request).await?;
+                tracing::info!(replica = %name, node = %replica.spec.node_id, store = %replica.spec.data_path, "replica started");
+                self.set_replica_state(&name, state_name(created.state), &created.address, "").await
+            }
+        }
+    }
+
+    async fn mark_replica_failed(&self, name: &str) -> Outcome {
+        let now = now();
+        update::<Replica, D>(&self.store, name, |r| {
+            if !r.spec.failed_at.is_empty() {
+                return false;
+            }
+            r.spec.failed_at = now.clone();
+            true
+        })
+        .await
+        .map(drop)
+        .map_err(ds)
+    }
+
+    async fn set_replica_state(&self, name: &str, state: &str, address: &str, error: &str) -> Outcome {
+        update_status::<Replica, D>(&self.store, name, |r| {
+            let s = r.status.get_or_insert_default();
+            let changed = s.current_state != state || s.address != address || s.error != error;
+            s.current_state = state.to_string();
+            s.address = address.to_string();
+            s.error = error.to_string();
+            changed
+        })
+        .await
+        .map(drop)
+        .map_err(ds)
+    }
+
+    async fn reconcile_engine(&self, snapshot: &Snapshot, volume: &Volume, replicas: &[&Replica]) -> Outcome {
+        let name = volume.name_any();
+        let engine_name = engine_name(&name);
+        let engine = snapshot.engines.iter().find(|e| e.name_any() == engine_name);
+        let want_node = volume.spec.node_id.clone();
+        let now = now();
+
+        // An engine running where it should not: stop it first.
+        if let Some(e) = engine {
+            let running_elsewhere = e.spec.node_id != want_node || want_node.is_empty();
+            if running_elsewhere && let Some(node) = snapshot.node(&e.spec.node_id) {
+                if snapshot.instance(&e.spec.node_id, &engine_name).is_some() {
+                    self.set_volume_status(&name, |s| s.state = "detaching".into()).await?;
+                    self.cluster.delete_instance(&node.spec.instance_manager_address, &engine_name, false).await?;
+                    tracing::info!(volume = %name, node = %e.spec.node_id, "engine stopped");
+                }
+            } else if running_elsewhere && !e.spec.node_id.is_empty() && !snapshot.node_ready(&e.spec.node_id) {
+                // Its node is unreachable: the new engine's higher epoch
+                // fences the old one out of the replicas.
+            }
+        }
+
+        let healthy: Vec<&&Replica> = replicas.iter().filter(|r| r.spec.failed_at.is_empty()).collect();
+        let running: Vec<(&str, String)> = healthy
+            .iter()
+            .filter_map(|r| {
+                let i = snapshot.instance(&r.spec.node_id, &r.name_any())?;
+                (i.state == InstanceState::Running as i32).then(|| (r.metadata.name.as_deref().unwrap_or(""), i.address.clone()))
+            })
+            .collect();
+
+        if want_node.is_empty() {
+            if let Some(e) = engine
+                && e.spec.desire_state != "stopped"
+            {
+                update::<Engine, D>(&self.store, &engine_name, |e| {
+                    let changed = e.spec.desire_state != "stopped";
+                    e.spec.desire_state = "stopped".into();
+                    changed
+                })
+                .await
+                .map_err(ds)?;
+            }
+            let all_up = running.len() == healthy.len() && !healthy.is_empty();
+            return self
+                .set_volume_status(&name, |s| {
+                    s.state = if all_up { "detached".into() } else { "creating".into() };
+                    s.robustness = "unknown".into();
+                    s.current_node_id.clear();
+                    s.endpoint.clear();
+                    s.blockdev.clear();
+                    s.frontend.clear();
+                })
+                .await;
+        }
+
+        let Some(node) = snapshot.node(&want_node) else {
+            return self
+                .set_volume_status(&name, |s| {
+                    s.state = "error".into();
+                    set_condition(&mut s.conditions, "Attached", false, "NodeNotFound", &format!("no node {want_node}"), &now);
+                })
+                .await;
+        };
+        let im = node.spec.instance_manager_address.clone();
+        let instance = snapshot.instance(&want_node, &engine_name);
+        let alive = instance.is_some_and(|i| {
+            matches!(InstanceState::try_from(i.state), Ok(InstanceState::Starting | InstanceState::Running))
+        });
+        let current_epoch = engine.map(|e| e.spec.epoch).unwrap_or(0);
+        let instance_epoch = instance.and_then(|i| match &i.spec {
+            Some(pb::instance::Spec::Engine(e)) => Some(e.epoch),
+            _ => None,
+        });
+
+        if !(alive && instance_epoch == Some(current_epoch) && engine.is_some_and(|e| e.spec.node_id == want_node)) {
+            // (Re)start the engine: every healthy replica must be up first.
+            if running.is_empty() || running.len() < healthy.len() {
+                return self
+                    .set_volume_status(&name, |s| {
+                        s.state = "attaching".into();
+                        s.current_node_id = want_node.clone();
+                    })
+                    .await;
+            }
+            if let Some(i) = instance {
+                // A dead or stale engine instance: clear it before the new one.
+                self.cluster.delete_instance(&im, &i.name, false).await?;
+            }
+            let epoch = current_epoch + 1;
+            let address_map: BTreeMap<String, String> =
+                running.iter().map(|(n, a)| (n.to_string(), a.clone())).collect();
+            let spec = EngineSpec {
+                volume_name: name.clone(),
+                node_id: want_node.clone(),
+                volume_size: volume.spec.size,
+                frontend: volume.spec.frontend,
+                replica_address_map: address_map.clone(),
+                epoch,
+                desire_state: "running".into(),
+            };
+            // The epoch is stored before any process can use it.
+            match engine {
+                None => {
+                    self.store.create(&Engine::new(&engine_name, spec.clone())).await.map_err(ds)?;
+                }
+                Some(_) => {
+                    update::<Engine, D>(&self.store, &engine_name, |e| {
+                        e.spec = spec.clone();
+                        true
+                    })
+                    .await
+                    .map_err(ds)?;
+                }
+            }
+            let timeout = settings::get_u64(&self.store, "engine-replica-timeout").await.map_err(ds)?;
+            let request = pb::CreateRequest {
+                name: engine_name.clone(),
+                spec: Some(pb::create_request::Spec::Engine(pb::EngineSpec {
+                    volume: name.clone(),
+                    size_bytes: volume.spec.size,
+                    epoch,
+                    replicas: address_map.values().cloned().collect(),
+                    blockdev: volume.spec.frontend == Frontend::Blockdev,
+                    replica_timeout_secs: timeout.clamp(1, 600) as u32,
+                    rebuild_mib_per_sec: 0,
+                })),
+            };
+            self.cluster.create_instance(&im, request).await?;
+            tracing::info!(volume = %name, node = %want_node, epoch, "engine started");
+            return self
+                .set_volume_status(&name, |s| {
+                    s.state = "attaching".into();
+                    s.current_node_id = want_node.clone();
+                })
+                .await;
+        }
+
+        let instance = instance.expect("alive");
+        if instance.state != InstanceState::Running as i32 {
+            return self.set_volume_status(&name, |s| s.state = "attaching".into()).await;
+        }
+        let engine = engine.expect("checked above");
+        let status = self.cluster.engine_status(&instance.address).await;
+        let by_address: HashMap<&str, &str> =
+            engine.spec.replica_address_map.iter().map(|(n, a)| (a.as_str(), n.as_str())).collect();
+        let mut modes = BTreeMap::new();
+        let mut rebuilds = BTreeMap::new();
+        let mut error = String::new();
+        match &status {
+            Ok(s) => {
+                for r in &s.replicas {
+                    let replica = by_address.get(r.address.as_str()).copied().unwrap_or(r.address.as_str());
+                    modes.insert(replica.to_string(), r.mode.clone());
+                }
+                for r in &s.rebuilds {
+                    rebuilds.insert(r.replica.clone(), r.state.clone());
+                }
+            }
+            Err(e) => error = e.clone(),
+        }
+        let endpoint = instance.nbd_endpoint.clone();
+        let blockdev = instance.blockdev_path.clone();
+        let address = instance.address.clone();
+        update_status::<Engine, D>(&self.store, &engine_name, |e| {
+            let s = e.status.get_or_insert_default();
+            let before = s.clone();
+            s.current_state = "running".into();
+            s.instance_manager_name = format!("im-{want_node}");
+            s.address = address.clone();
+            s.endpoint = endpoint.clone();
+            if status.is_ok() {
+                s.replica_mode_map = modes.clone();
+                s.rebuild_status = rebuilds.clone();
+            }
+            s.error = error.clone();
+            *s != before
+        })
+        .await
+        .map_err(ds)?;
+
+        // Replicas the engine dropped are failed.
+        for (replica, mode) in &modes {
+            if mode == "ERR" && replicas.iter().any(|r| r.name_any() == *replica && r.spec.failed_at.is_empty()) {
+                tracing::warn!(volume = %name, %replica, "engine reports replica ERR");
+                self.mark_replica_failed(replica).await?;
+            }
+        }
+        let rw = modes.values().filter(|m| *m == "RW").count();
+        let robustness = if status.is_err() {
+            "unknown"
+        } else if rw == 0 {
+            "faulted"
+        } else if rw >= volume.spec.number_of_replicas as usize {
+            "healthy"
+        } else {
+            "degraded"
+        };
+        let healthy_now: Vec<String> =
+            modes.iter().filter(|(_, m)| *m == "RW").map(|(r, _)| r.clone()).collect();
+        for r in replicas.iter().filter(|r| healthy_now.contains(&r.name_any()) && r.spec.healthy_at.is_empty()) {
+            let t = now.clone();
+            update::<Replica, D>(&self.store, &r.name_any(), |r| {
+                r.spec.healthy_at = t.clone();
+                true
+            })
+            .await
+            .map_err(ds)?;
+        }
+        let frontend = match volume.spec.frontend {
+            Frontend::Nbd => "nbd",
+            Frontend::Blockdev => "blockdev",
+        };
+        self.set_volume_status(&name, |s| {
+            s.state = "attached".into();
+            s.current_node_id = want_node.clone();
+            s.endpoint = endpoint.clone();
+            s.blockdev = blockdev.clone();
+            s.frontend = frontend.into();
+            if robustness == "degraded" && s.robustness != "degraded" {
+                s.last_degraded_at = now.clone();
+            } else if robustness != "degraded" {
+                s.last_degraded_at.clear();
+            }
+            s.robustness = robustness.into();
+            set_condition(&mut s.conditions, "Attached", true, "", "", &now);
+        })
+        .await
+    }
+
+    async fn delete_volume(&self, snapshot: &Snapshot, volume: &Volume) -> Outcome {
+        let name = volume.name_any();
+        self.set_volume_status(&name, |s| s.state = "deleting".into()).await?;
+        let engine_name = engine_name(&name);
+        if let Some(engine) = snapshot.engines.iter().find(|e| e.name_any() == engine_name) {
+            if let Some(node) = snapshot.node(&engine.spec.node_id)
+                && snapshot.instance(&engine.spec.node_id, &engine_name).is_some()
+            {
+                self.cluster.delete_instance(&node.spec.instance_manager_address, &engine_name, false).await?;
+            }
+            self.store.delete::<Engine>(&engine_name).await.map_err(ds)?;
+        }
+        for replica in snapshot.replicas_of(&name) {
+            self.delete_replica(snapshot, replica).await?;
+        }
+        update::<Volume, D>(&self.store, &name, |v| {
+            let finalizers = v.metadata.finalizers.get_or_insert_default();
+            let before = finalizers.len();
+            finalizers.retain(|f| f != FINALIZER);
+            finalizers.len() != before
+        })
+        .await
+        .map_err(ds)?;
+        tracing::info!(volume = %name, "volume deleted");
+        Ok(())
+    }
+
+    /// Stops a replica's process and removes its store, then its object.
+    pub async fn delete_replica(&self, snapshot: &Snapshot, replica: &Replica) -> Outcome {
+        let name = replica.name_any();
+        let node = snapshot.node(&replica.spec.node_id).ok_or_else(|| format!("replica {name}: node not found"))?;
+        if !snapshot.node_ready(&replica.spec.node_id) {
+            return Err(format!("replica {name}: node {} unreachable; its store stays until it is back", replica.spec.node_id));
+        }
+        let im = &node.spec.instance_manager_address;
+        if snapshot.instance(&replica.spec.node_id, &name).is_some() {
+            self.cluster.delete_instance(im, &name, true).await?;
+        } else {
+            self.cluster.delete_store(im, &replica.spec.data_path).await?;
+        }
+        self.store.delete::<Replica>(&name).await.map_err(ds)?;
+        tracing::info!(replica = %name, store = %replica.spec.data_path, "replica and its store deleted");
+        Ok(())
+    }
+}
+
+/// Four hex digits, different on every call in practice.
+fn short_id() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = jiff::Timestamp::now().as_nanosecond() as u64 ^ COUNTER.fetch_add(0x9e37_79b9, Ordering::Relaxed);
+    let mixed = n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    format!("{:04x}", (mixed >> 48) as u16)
+}

@@ -1,0 +1,140 @@
+//! The Kubernetes datastore: the CRDs of `deploy/crds.yaml` through the
+//! apiserver, in one namespace. Conflicts (HTTP 409 on a write carrying a
+//! stale resourceVersion) become [`Error::Conflict`] so the facade's
+//! read-modify-write helpers retry; a create of an existing name (also 409)
+//! becomes [`Error::AlreadyExists`].
+//!
+//! Watches list once for a resourceVersion, then watch from it; when the
+//! stream ends or the version expires (410) they list and watch again.
+
+use kube::api::{Api, DeleteParams, ListParams, PostParams, WatchEvent, WatchParams};
+use kube::{Client, ResourceExt};
+use tokio::sync::mpsc;
+
+use super::{Change, Datastore, Error, Object, Result};
+
+#[derive(Clone)]
+pub struct KubeStore {
+    client: Client,
+    namespace: String,
+}
+
+impl KubeStore {
+    pub fn new(client: Client, namespace: &str) -> Self {
+        Self { client, namespace: namespace.to_string() }
+    }
+
+    /// A client from the in-cluster service account or ~/.kube/config.
+    pub async fn connect(namespace: &str) -> Result<Self> {
+        let client = Client::try_default().await.map_err(|e| Error::Backend(format!("kubernetes client: {e}")))?;
+        Ok(Self::new(client, namespace))
+    }
+
+    fn api<K: Object>(&self) -> Api<K> {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+}
+
+fn map_error<K: Object>(name: &str, error: kube::Error, on_409: fn(String, String) -> Error) -> Error {
+    let kind = K::kind(&()).to_string();
+    match &error {
+        kube::Error::Api(status) if status.is_not_found() => Error::NotFound { kind, name: name.to_string() },
+        kube::Error::Api(status) if status.code == 409 => on_409(kind, name.to_string()),
+        _ => Error::Backend(format!("{kind} {name}: {error}")),
+    }
+}
+
+fn conflict(kind: String, name: String) -> Error {
+    Error::Conflict { kind, name }
+}
+
+fn exists(kind: String, name: String) -> Error {
+    Error::AlreadyExists { kind, name }
+}
+
+impl Datastore for KubeStore {
+    async fn get<K: Object>(&self, name: &str) -> Result<Option<K>> {
+        self.api::<K>().get_opt(name).await.map_err(|e| map_error::<K>(name, e, conflict))
+    }
+
+    async fn list<K: Object>(&self) -> Result<Vec<K>> {
+        let list = self.api::<K>().list(&ListParams::default()).await.map_err(|e| map_error::<K>("", e, conflict))?;
+        Ok(list.items)
+    }
+
+    async fn create<K: Object>(&self, object: &K) -> Result<K> {
+        let name = object.name_any();
+        self.api::<K>().create(&PostParams::default(), object).await.map_err(|e| map_error::<K>(&name, e, exists))
+    }
+
+    async fn replace<K: Object>(&self, object: &K) -> Result<K> {
+        let name = object.name_any();
+        self.api::<K>().replace(&name, &PostParams::default(), object).await.map_err(|e| map_error::<K>(&name, e, conflict))
+    }
+
+    async fn replace_status<K: Object>(&self, object: &K) -> Result<K> {
+        let name = object.name_any();
+        self.api::<K>()
+            .replace_status(&name, &PostParams::default(), object)
+            .await
+            .map_err(|e| map_error::<K>(&name, e, conflict))
+    }
+
+    async fn delete<K: Object>(&self, name: &str) -> Result<()> {
+        match self.api::<K>().delete(name, &DeleteParams::default()).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(status)) if status.is_not_found() => Ok(()),
+            Err(e) => Err(map_error::<K>(name, e, conflict)),
+        }
+    }
+
+    async fn watch<K: Object>(&self) -> Result<mpsc::Receiver<Change>> {
+        use futures_util::StreamExt;
+        let (tx, rx) = mpsc::channel(1024);
+        let api = self.api::<K>();
+        let kind = K::kind(&()).to_string();
+        tokio::spawn(async move {
+            let mut failures = 0u32;
+            while !tx.is_closed() {
+                let version = match api.list(&ListParams::default().limit(1)).await {
+                    Ok(list) => list.metadata.resource_version.unwrap_or_default(),
+                    Err(e) => {
+                        failures += 1;
+                        tracing::warn!(%kind, error = %e, "list for watch failed");
+                        tokio::time::sleep(std::time::Duration::from_millis(200 * failures.min(25) as u64)).await;
+                        continue;
+                    }
+                };
+                let stream = match api.watch(&WatchParams::default(), &version).await {
+                    Ok(stream) => stream,
+                    Err(e) => {
+                        failures += 1;
+                        tracing::warn!(%kind, error = %e, "watch failed");
+                        tokio::time::sleep(std::time::Duration::from_millis(200 * failures.min(25) as u64)).await;
+                        continue;
+                    }
+                };
+                failures = 0;
+                let mut stream = std::pin::pin!(stream);
+                while let Some(event) = stream.next().await {
+                    let name = match event {
+                        Ok(WatchEvent::Added(o) | WatchEvent::Modified(o) | WatchEvent::Deleted(o)) => o.name_any(),
+                        Ok(WatchEvent::Bookmark(_)) => continue,
+                        Ok(WatchEvent::Error(e)) => {
+                            tracing::info!(%kind, error = %e, "watch ended; listing again");
+                            break;
+                        }
+                        Err(e) => {
+                            tracing::info!(%kind, error = %e, "watch stream error; listing again");
+                            break;
+                        }
+                    };
+                    if tx.send(Change { kind: kind.clone(), name }).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(rx)
+    }
+}

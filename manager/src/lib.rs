@@ -1,0 +1,43 @@
+//! ironhorn manager: custom resources, the datastore facade (Kubernetes or
+//! embedded), the scheduler, the controllers, the REST API, and the pieces
+//! of the `ironhorn` CLI (including `ironhorn up`, a standalone cluster).
+
+pub mod api;
+pub mod client;
+pub mod cluster;
+pub mod controller;
+pub mod crd;
+pub mod datastore;
+pub mod scheduler;
+pub mod settings;
+pub mod standalone;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use cluster::Cluster;
+use datastore::Datastore;
+
+/// Runs the controllers and the REST API until SIGTERM or SIGINT.
+pub async fn serve<D: Datastore, C: Cluster>(store: D, cluster: C, listen: SocketAddr) -> Result<(), String> {
+    let listener = tokio::net::TcpListener::bind(listen).await.map_err(|e| format!("API listen on {listen}: {e}"))?;
+    tracing::info!(address = %listen, "manager API serving");
+    let controller = controller::Controller::new(store.clone(), cluster);
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let wait_stop = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|stopped| *stopped).await;
+    };
+    let controllers = tokio::spawn({
+        let stop = wait_stop(stop_rx.clone());
+        async move { controller.run(Duration::from_secs(2), stop).await }
+    });
+    let server = axum::serve(listener, api::router(store)).with_graceful_shutdown(wait_stop(stop_rx));
+    let server = tokio::spawn(async move { server.await });
+    ironhorn_proto::shutdown::signal().await;
+    let _ = stop_tx.send(true);
+    let _ = controllers.await;
+    match tokio::time::timeout(Duration::from_secs(3), server).await {
+        Ok(Ok(Err(e))) => Err(format!("API server: {e}")),
+        _ => Ok(()),
+    }
+}

@@ -1,0 +1,433 @@
+//! `ironhorn`: the CLI (talks to the REST API), the manager, and `ironhorn up`.
+
+use std::time::Duration;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use ironhorn_manager::client::call;
+use ironhorn_manager::{cluster::GrpcCluster, crd, standalone};
+use serde_json::{Value, json};
+
+#[derive(Parser)]
+#[command(name = "ironhorn", about = "ironhorn: replicated block storage")]
+struct Cli {
+    /// REST API of the manager.
+    #[arg(long, global = true, env = "IRONHORN_API", default_value = "http://127.0.0.1:9700")]
+    api: String,
+    /// Output format.
+    #[arg(short = 'o', long, global = true, value_enum, default_value_t = Output::Table)]
+    output: Output,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Output {
+    Table,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a standalone cluster on this machine (manager + N nodes) until Ctrl-C.
+    Up {
+        #[arg(long, default_value = "ironhorn-data")]
+        data_dir: std::path::PathBuf,
+        #[arg(long, default_value_t = 3)]
+        nodes: usize,
+        /// API port; node I's instance manager listens on BASE+I and hands
+        /// out ports BASE+100·I … BASE+100·I+99.
+        #[arg(long, default_value_t = 9700)]
+        port_base: u16,
+        /// Size of each node's disk.
+        #[arg(long, default_value = "8GiB", value_parser = ironhorn_proto::units::parse_size)]
+        disk_size: u64,
+        /// Use a directory of file stores per node even where LVM works.
+        #[arg(long)]
+        file_disks: bool,
+    },
+    /// Remove what `up` made under a data dir (LVs, VGs, loop devices, files).
+    Purge {
+        #[arg(long)]
+        data_dir: std::path::PathBuf,
+    },
+    /// Run the manager alone (controllers + API).
+    Manager {
+        /// Embedded datastore directory (one machine).
+        #[arg(long, conflicts_with = "kubernetes")]
+        data_dir: Option<std::path::PathBuf>,
+        /// Use the Kubernetes apiserver as the datastore.
+        #[arg(long)]
+        kubernetes: bool,
+        #[arg(long, default_value = "ironhorn-system")]
+        namespace: String,
+        #[arg(long, default_value = "127.0.0.1:9700")]
+        listen: std::net::SocketAddr,
+    },
+    /// Print the CRDs (what deploy/crds.yaml holds).
+    Crds,
+    #[command(subcommand)]
+    Volume(VolumeCommand),
+    #[command(subcommand)]
+    Node(ListOnly),
+    #[command(subcommand)]
+    Replica(ListOnly),
+    #[command(subcommand)]
+    Engine(ListOnly),
+    #[command(subcommand)]
+    Setting(SettingCommand),
+}
+
+#[derive(Subcommand)]
+enum VolumeCommand {
+    Create {
+        name: String,
+        #[arg(long)]
+        size: String,
+        #[arg(long)]
+        replicas: Option<u32>,
+        #[arg(long, value_enum)]
+        frontend: Option<FrontendArg>,
+    },
+    List,
+    Get {
+        name: String,
+    },
+    /// Attach to a node and print the endpoint once attached.
+    Attach {
+        name: String,
+        #[arg(long)]
+        node: String,
+        #[arg(long, value_enum)]
+        frontend: Option<FrontendArg>,
+        #[arg(long, default_value_t = 120)]
+        timeout_secs: u64,
+    },
+    Detach {
+        name: String,
+        #[arg(long, default_value_t = 120)]
+        timeout_secs: u64,
+    },
+    /// Delete the volume, its engine, replicas and their stores.
+    Delete {
+        name: String,
+        #[arg(long, default_value_t = 120)]
+        timeout_secs: u64,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum FrontendArg {
+    Nbd,
+    Blockdev,
+}
+
+impl FrontendArg {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Nbd => "nbd",
+            Self::Blockdev => "blockdev",
+        }
+    }
+}
+
+#[derive(Subcommand)]
+enum ListOnly {
+    List,
+}
+
+#[derive(Subcommand)]
+enum SettingCommand {
+    List,
+    Get { name: String },
+    Set { name: String, value: String },
+}
+
+fn print_table(headers: &[&str], rows: Vec<Vec<String>>) {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.len());
+        }
+    }
+    let line = |cells: Vec<String>| {
+        let text: Vec<String> = cells.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
+        println!("{}", text.join("  ").trim_end());
+    };
+    line(headers.iter().map(|h| h.to_string()).collect());
+    for row in rows {
+        line(row);
+    }
+}
+
+fn s(v: &Value) -> String {
+    match v {
+        Value::Null => String::new(),
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+fn bytes(v: &Value) -> String {
+    let Some(n) = v.as_u64() else { return s(v) };
+    const UNITS: [(&str, u64); 4] = [("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)];
+    for (unit, size) in UNITS {
+        if n >= size {
+            let value = n as f64 / size as f64;
+            return if n % size == 0 { format!("{}{unit}", n / size) } else { format!("{value:.1}{unit}") };
+        }
+    }
+    format!("{n}B")
+}
+
+fn condition_message(volume: &Value, type_: &str) -> Option<(String, String)> {
+    volume["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == type_)
+        .map(|c| (s(&c["status"]), s(&c["message"])))
+}
+
+fn volume_rows(volumes: &[Value]) -> Vec<Vec<String>> {
+    volumes
+        .iter()
+        .map(|v| {
+            let unscheduled = condition_message(v, "Scheduled").filter(|(st, _)| st == "False").map(|(_, m)| m);
+            vec![
+                s(&v["metadata"]["name"]),
+                s(&v["status"]["state"]),
+                s(&v["status"]["robustness"]),
+                bytes(&v["spec"]["size"]),
+                s(&v["spec"]["numberOfReplicas"]),
+                s(&v["status"]["currentNodeID"]),
+                s(&v["status"]["endpoint"]),
+                unscheduled.unwrap_or_default(),
+            ]
+        })
+        .collect()
+}
+
+const VOLUME_HEADERS: [&str; 8] = ["NAME", "STATE", "ROBUSTNESS", "SIZE", "REPLICAS", "NODE", "ENDPOINT", "MESSAGE"];
+
+async fn wait_for(api: &str, name: &str, timeout: Duration, done: impl Fn(Option<&Value>) -> bool) -> Result<Option<Value>, String> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let volume = match call(api, "GET", &format!("/v1/volumes/{name}"), None).await {
+            Ok(v) => Some(v),
+            Err(e) if e.contains("not found") => None,
+            Err(e) => return Err(e),
+        };
+        if done(volume.as_ref()) {
+            return Ok(volume);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            let state = volume.map(|v| s(&v["status"]["state"])).unwrap_or_else(|| "gone".into());
+            return Err(format!("volume {name}: still {state} after {}s", timeout.as_secs()));
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+async fn drive(cli: Cli) -> Result<(), String> {
+    let api = cli.api.as_str();
+    let json_out = cli.output == Output::Json;
+    let print_json = |v: &Value| println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+    match cli.command {
+        Command::Up { data_dir, nodes, port_base, disk_size, file_disks } => {
+            let bin_dir = std::env::current_exe()
+                .ok()
+                .and_then(|p| p.parent().map(|d| d.to_path_buf()))
+                .unwrap_or_default();
+            standalone::up(standalone::UpConfig { data_dir, nodes, port_base, disk_size, file_disks, bin_dir }).await
+        }
+        Command::Purge { data_dir } => standalone::purge(&data_dir),
+        Command::Manager { data_dir, kubernetes, namespace, listen } => {
+            if kubernetes {
+                let store = ironhorn_manager::datastore::kubernetes::KubeStore::connect(&namespace)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                ironhorn_manager::serve(store, GrpcCluster::default(), listen).await
+            } else {
+                let dir = data_dir.ok_or("give --data-dir (embedded datastore) or --kubernetes")?;
+                let store = ironhorn_manager::datastore::embedded::EmbeddedStore::open(&dir).map_err(|e| e.to_string())?;
+                ironhorn_manager::serve(store, GrpcCluster::default(), listen).await
+            }
+        }
+        Command::Crds => {
+            print!("{}", crd::crds_yaml());
+            Ok(())
+        }
+        Command::Volume(command) => match command {
+            VolumeCommand::Create { name, size, replicas, frontend } => {
+                let mut body = json!({ "name": name, "size": size });
+                if let Some(r) = replicas {
+                    body["numberOfReplicas"] = json!(r);
+                }
+                if let Some(f) = frontend {
+                    body["frontend"] = json!(f.as_str());
+                }
+                let v = call(api, "POST", "/v1/volumes", Some(&body)).await?;
+                if json_out { print_json(&v) } else { println!("volume {name} created") }
+                Ok(())
+            }
+            VolumeCommand::List => {
+                let v = call(api, "GET", "/v1/volumes", None).await?;
+                if json_out {
+                    print_json(&v);
+                } else {
+                    print_table(&VOLUME_HEADERS, volume_rows(v.as_array().map(Vec::as_slice).unwrap_or_default()));
+                }
+                Ok(())
+            }
+            VolumeCommand::Get { name } => {
+                let v = call(api, "GET", &format!("/v1/volumes/{name}"), None).await?;
+                if json_out { print_json(&v) } else { print_table(&VOLUME_HEADERS, volume_rows(&[v])) }
+                Ok(())
+            }
+            VolumeCommand::Attach { name, node, frontend, timeout_secs } => {
+                let mut body = json!({ "node": node });
+                if let Some(f) = frontend {
+                    body["frontend"] = json!(f.as_str());
+                }
+                call(api, "POST", &format!("/v1/volumes/{name}/attach"), Some(&body)).await?;
+                let v = wait_for(api, &name, Duration::from_secs(timeout_secs), |v| {
+                    v.is_some_and(|v| v["status"]["state"] == "attached" && !s(&v["status"]["endpoint"]).is_empty())
+                })
+                .await?
+                .expect("attached volumes exist");
+                if json_out {
+                    print_json(&v);
+                } else {
+                    let blockdev = s(&v["status"]["blockdev"]);
+                    println!("{}", if blockdev.is_empty() { s(&v["status"]["endpoint"]) } else { blockdev });
+                }
+                Ok(())
+            }
+            VolumeCommand::Detach { name, timeout_secs } => {
+                call(api, "POST", &format!("/v1/volumes/{name}/detach"), None).await?;
+                wait_for(api, &name, Duration::from_secs(timeout_secs), |v| {
+                    v.is_some_and(|v| v["status"]["state"] == "detached")
+                })
+                .await?;
+                println!("volume {name} detached");
+                Ok(())
+            }
+            VolumeCommand::Delete { name, timeout_secs } => {
+                call(api, "DELETE", &format!("/v1/volumes/{name}"), None).await?;
+                wait_for(api, &name, Duration::from_secs(timeout_secs), |v| v.is_none()).await?;
+                println!("volume {name} deleted");
+                Ok(())
+            }
+        },
+        Command::Node(ListOnly::List) => {
+            let v = call(api, "GET", "/v1/nodes", None).await?;
+            if json_out {
+                print_json(&v);
+                return Ok(());
+            }
+            let mut rows = Vec::new();
+            for node in v.as_array().map(Vec::as_slice).unwrap_or_default() {
+                let ready = node["status"]["conditions"]
+                    .as_array()
+                    .and_then(|c| c.iter().find(|c| c["type"] == "Ready"))
+                    .map(|c| s(&c["status"]))
+                    .unwrap_or_default();
+                let disks = node["spec"]["disks"].as_object().cloned().unwrap_or_default();
+                for (disk, spec) in disks {
+                    let st = &node["status"]["diskStatus"][&disk];
+                    rows.push(vec![
+                        s(&node["metadata"]["name"]),
+                        ready.clone(),
+                        disk.clone(),
+                        s(&spec["path"]),
+                        bytes(&st["storageMaximum"]),
+                        bytes(&st["storageScheduled"]),
+                        bytes(&st["storageAvailable"]),
+                    ]);
+                }
+            }
+            print_table(&["NODE", "READY", "DISK", "PATH", "MAX", "SCHEDULED", "FREE"], rows);
+            Ok(())
+        }
+        Command::Replica(ListOnly::List) => {
+            let v = call(api, "GET", "/v1/replicas", None).await?;
+            if json_out {
+                print_json(&v);
+                return Ok(());
+            }
+            let rows = v
+                .as_array()
+                .map(Vec::as_slice)
+                .unwrap_or_default()
+                .iter()
+                .map(|r| {
+                    vec![
+                        s(&r["metadata"]["name"]),
+                        s(&r["spec"]["volumeName"]),
+                        s(&r["spec"]["nodeID"]),
+                        s(&r["spec"]["dataPath"]),
+                        s(&r["status"]["currentState"]),
+                        s(&r["status"]["address"]),
+                        s(&r["spec"]["failedAt"]),
+                    ]
+                })
+                .collect();
+            print_table(&["NAME", "VOLUME", "NODE", "STORE", "STATE", "ADDRESS", "FAILED AT"], rows);
+            Ok(())
+        }
+        Command::Engine(ListOnly::List) => {
+            let v = call(api, "GET", "/v1/engines", None).await?;
+            if json_out {
+                print_json(&v);
+                return Ok(());
+            }
+            let rows = v
+                .as_array()
+                .map(Vec::as_slice)
+                .unwrap_or_default()
+                .iter()
+                .map(|e| {
+                    vec![
+                        s(&e["metadata"]["name"]),
+                        s(&e["spec"]["volumeName"]),
+                        s(&e["spec"]["nodeID"]),
+                        s(&e["spec"]["epoch"]),
+                        s(&e["status"]["currentState"]),
+                        s(&e["status"]["replicaModeMap"]),
+                    ]
+                })
+                .collect();
+            print_table(&["NAME", "VOLUME", "NODE", "EPOCH", "STATE", "REPLICA MODES"], rows);
+            Ok(())
+        }
+        Command::Setting(command) => {
+            let v = match command {
+                SettingCommand::List => call(api, "GET", "/v1/settings", None).await?,
+                SettingCommand::Get { name } => call(api, "GET", &format!("/v1/settings/{name}"), None).await?,
+                SettingCommand::Set { name, value } => {
+                    call(api, "PUT", &format!("/v1/settings/{name}"), Some(&json!({ "value": value }))).await?
+                }
+            };
+            if json_out {
+                print_json(&v);
+            } else {
+                let items = if v.is_array() { v.as_array().cloned().unwrap_or_default() } else { vec![v] };
+                let rows = items.iter().map(|i| vec![s(&i["name"]), s(&i["value"]), s(&i["default"])]).collect();
+                print_table(&["NAME", "VALUE", "DEFAULT"], rows);
+            }
+            Ok(())
+        }
+    }
+}
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let runtime = ironhorn_proto::runtime::build().expect("tokio runtime");
+    if let Err(e) = runtime.block_on(drive(cli)) {
+        eprintln!("ironhorn: {e}");
+        std::process::exit(1);
+    }
+}

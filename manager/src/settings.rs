@@ -1,0 +1,132 @@
+//! Cluster settings: Longhorn's names where the meaning matches, each with a
+//! default and a validator. Stored as Setting objects; an absent object means
+//! the default.
+
+use crate::crd::{Setting, SettingSpec};
+use crate::datastore::{self, Datastore};
+
+pub struct Definition {
+    pub name: &'static str,
+    pub default: &'static str,
+    pub kind: Kind,
+    pub description: &'static str,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Bool,
+    /// A non-negative integer.
+    Int,
+}
+
+pub const DEFINITIONS: &[Definition] = &[
+    Definition {
+        name: "storage-over-provisioning-percentage",
+        default: "100",
+        kind: Kind::Int,
+        description: "scheduled replica bytes on a disk may reach (maximum - reserved) times this percentage",
+    },
+    Definition {
+        name: "storage-minimal-available-percentage",
+        default: "25",
+        kind: Kind::Int,
+        description: "a disk takes a replica only if this percentage of its maximum stays available",
+    },
+    Definition {
+        name: "replica-soft-anti-affinity",
+        default: "false",
+        kind: Kind::Bool,
+        description: "allow replicas of one volume on the same node when no other node fits",
+    },
+    Definition {
+        name: "replica-zone-soft-anti-affinity",
+        default: "true",
+        kind: Kind::Bool,
+        description: "allow replicas of one volume in the same zone when no other zone fits",
+    },
+    Definition {
+        name: "replica-disk-soft-anti-affinity",
+        default: "true",
+        kind: Kind::Bool,
+        description: "allow replicas of one volume on the same disk when no other disk fits",
+    },
+    Definition {
+        name: "default-replica-count",
+        default: "3",
+        kind: Kind::Int,
+        description: "replicas of a volume created without --replicas",
+    },
+    Definition {
+        name: "engine-replica-timeout",
+        default: "8",
+        kind: Kind::Int,
+        description: "seconds a replica may take to answer the engine before it is marked ERR",
+    },
+];
+
+pub fn definition(name: &str) -> Option<&'static Definition> {
+    DEFINITIONS.iter().find(|d| d.name == name)
+}
+
+/// Checks a value for a known setting; returns it normalised.
+pub fn validate(name: &str, value: &str) -> Result<String, String> {
+    let def = definition(name).ok_or_else(|| format!("unknown setting {name:?}"))?;
+    let value = value.trim();
+    match def.kind {
+        Kind::Bool => match value {
+            "true" | "false" => Ok(value.to_string()),
+            _ => Err(format!("setting {name}: {value:?} is not true or false")),
+        },
+        Kind::Int => value
+            .parse::<u64>()
+            .map(|v| v.to_string())
+            .map_err(|_| format!("setting {name}: {value:?} is not a non-negative integer")),
+    }
+}
+
+/// Reads a setting's value, falling back to its default.
+pub async fn get<D: Datastore>(store: &D, name: &str) -> datastore::Result<String> {
+    let def = definition(name).expect("settings are read by their defined names");
+    Ok(store.get::<Setting>(name).await?.map(|s| s.spec.value).unwrap_or_else(|| def.default.to_string()))
+}
+
+pub async fn get_u64<D: Datastore>(store: &D, name: &str) -> datastore::Result<u64> {
+    let value = get(store, name).await?;
+    Ok(value.parse().unwrap_or_else(|_| definition(name).expect("defined").default.parse().expect("default parses")))
+}
+
+pub async fn get_bool<D: Datastore>(store: &D, name: &str) -> datastore::Result<bool> {
+    Ok(get(store, name).await? == "true")
+}
+
+/// Sets a setting (validated), creating its object when needed.
+pub async fn set<D: Datastore>(store: &D, name: &str, value: &str) -> Result<String, String> {
+    let value = validate(name, value)?;
+    let v = value.clone();
+    let updated = datastore::update::<Setting, D>(store, name, |s| {
+        let changed = s.spec.value != v;
+        s.spec.value = v.clone();
+        changed
+    })
+    .await
+    .map_err(|e| e.to_string())?;
+    if updated.is_none() {
+        store.create(&Setting::new(name, SettingSpec { value: value.clone() })).await.map_err(|e| e.to_string())?;
+    }
+    Ok(value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_validate() {
+        for d in DEFINITIONS {
+            assert_eq!(validate(d.name, d.default).as_deref(), Ok(d.default), "{}", d.name);
+        }
+        assert!(validate("nope", "1").is_err());
+        assert!(validate("storage-minimal-available-percentage", "-3").is_err());
+        assert!(validate("replica-soft-anti-affinity", "yes").is_err());
+    }
+}

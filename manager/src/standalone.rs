@@ -1,0 +1,330 @@
+//! `ironhorn up`: a whole cluster on one machine. The manager runs in this
+//! process on the embedded datastore; each simulated node is a real
+//! `ironhorn-instance-manager` process with one disk: an LVM volume group on
+//! a loop device over a sparse file under the data dir (as root, with lvm2),
+//! or a directory of file stores otherwise.
+//!
+//! Layout of the data dir:
+//!   store/                     the embedded datastore
+//!   nodes/n-I/disk.img         the node's PV file (LVM disks)
+//!   nodes/n-I/disk/            the node's file stores (file disks)
+//!   nodes/n-I/im/              the instance manager's table and logs
+//!   nodes/n-I/im.pid           pid of the instance manager `up` started
+//!
+//! Ports (from --port-base B): API B, node I's instance manager B+I, and its
+//! instances B+100·I … B+100·I+99.
+//!
+//! Stopping (Ctrl-C / SIGTERM): the controllers stop, every engine and then
+//! every replica is stopped through its instance manager (data kept), the
+//! instance managers get SIGTERM, and the loop devices are detached. The data
+//! dir is reusable: `up` again brings the same volumes back (attached ones get
+//! a new engine with a higher epoch). If `up` itself is killed (-9), the
+//! instance managers and their engines and replicas keep running, and the
+//! next `up` on the same data dir adopts them.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::os::unix::process::CommandExt;
+use std::process::Command;
+use std::time::Duration;
+
+use crate::cluster::{Cluster, GrpcCluster};
+use crate::crd::{DiskSpec, Node, NodeSpec};
+use crate::datastore::Datastore;
+use crate::datastore::embedded::EmbeddedStore;
+
+pub struct UpConfig {
+    pub data_dir: PathBuf,
+    pub nodes: usize,
+    pub port_base: u16,
+    pub disk_size: u64,
+    /// Force file disks even where LVM would work.
+    pub file_disks: bool,
+    pub bin_dir: PathBuf,
+}
+
+struct NodeProcess {
+    name: String,
+    dir: PathBuf,
+    im_address: String,
+    loop_device: Option<String>,
+}
+
+fn run(cmd: &str, args: &[&str]) -> Result<String, String> {
+    let out = Command::new(cmd)
+        .args(args)
+        .env("LVM_SUPPRESS_FD_WARNINGS", "1")
+        .output()
+        .map_err(|e| format!("{cmd}: {e}"))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(format!("{cmd} {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()))
+    }
+}
+
+fn lvm_available() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    root && Command::new("vgs").arg("--version").output().is_ok_and(|o| o.status.success())
+}
+
+/// A short tag from the data dir's path, so clusters in different data dirs
+/// get different VG names.
+fn dir_tag(dir: &Path) -> String {
+    let mut hash: u32 = 0x811c_9dc5;
+    for b in dir.as_os_str().as_encoded_bytes() {
+        hash = (hash ^ *b as u32).wrapping_mul(0x0100_0193);
+    }
+    format!("{:06x}", hash & 0xff_ffff)
+}
+
+pub fn vg_name(data_dir: &Path, node: &str) -> String {
+    format!("ih{}-{node}", dir_tag(data_dir))
+}
+
+/// The loop device already backed by `file`, if any.
+fn loop_of(file: &Path) -> Option<String> {
+    let out = run("losetup", &["-j", file.to_str()?]).ok()?;
+    out.lines().next().and_then(|l| l.split(':').next()).map(|d| d.trim().to_string()).filter(|d| !d.is_empty())
+}
+
+fn lvm(tool: &str, args: &[&str]) -> Result<String, String> {
+    let mut all = vec!["--driverloaded", "n"];
+    if device_mapper_present() {
+        all.clear();
+    }
+    all.extend_from_slice(args);
+    run(tool, &all)
+}
+
+fn device_mapper_present() -> bool {
+    std::fs::read_to_string("/proc/misc").is_ok_and(|misc| misc.lines().any(|l| l.ends_with(" device-mapper")))
+}
+
+/// Makes (or finds) node's LVM disk: returns (disk path, loop device).
+fn lvm_disk(data_dir: &Path, node: &str, dir: &Path, size: u64) -> Result<(String, String), String> {
+    let image = dir.join("disk.img");
+    if !image.exists() {
+        let f = std::fs::File::create(&image).map_err(|e| format!("{}: {e}", image.display()))?;
+        f.set_len(size).map_err(|e| format!("{}: {e}", image.display()))?;
+    }
+    let device = match loop_of(&image) {
+        Some(d) => d,
+        None => run("losetup", &["--find", "--show", image.to_str().ok_or("bad path")?])?.trim().to_string(),
+    };
+    let vg = vg_name(data_dir, node);
+    if run("vgs", &[&vg]).is_err() {
+        lvm("pvcreate", &["-y", &device])?;
+        lvm("vgcreate", &[&vg, &device])?;
+    }
+    Ok((format!("lvm:{vg}"), device))
+}
+
+async fn wait_listening(address: &str, timeout: Duration) -> bool {
+    let deadline = tokio::time::Instant::now() + timeout;
+    while tokio::time::Instant::now() < deadline {
+        if tokio::net::TcpStream::connect(address).await.is_ok() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
+
+async fn start_node(config: &UpConfig, index: usize, use_lvm: bool) -> Result<(NodeProcess, String), String> {
+    let name = format!("n-{index}");
+    let dir = config.data_dir.join("nodes").join(&name);
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let (disk_path, loop_device) = if use_lvm {
+        let (path, device) = lvm_disk(&config.data_dir, &name, &dir, config.disk_size)?;
+        (path, Some(device))
+    } else {
+        let disk = dir.join("disk");
+        std::fs::create_dir_all(&disk).map_err(|e| format!("{}: {e}", disk.display()))?;
+        (format!("file:{}", disk.display()), None)
+    };
+    let im_port = config.port_base as usize + index;
+    let first = config.port_base as usize + 100 * index;
+    if first + 99 > u16::MAX as usize {
+        return Err(format!("--port-base {} leaves no ports for node {index}", config.port_base));
+    }
+    let im_address = format!("127.0.0.1:{im_port}");
+    if wait_listening(&im_address, Duration::from_millis(200)).await {
+        println!("node {name}: instance manager already running at {im_address} (adopted)");
+    } else {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("instance-manager.log"))
+            .map_err(|e| e.to_string())?;
+        let child = std::process::Command::new(config.bin_dir.join("ironhorn-instance-manager"))
+            .args([
+                "serve",
+                "--data-dir",
+                dir.join("im").to_str().ok_or("bad path")?,
+                "--listen",
+                &im_address,
+                "--port-range",
+                &format!("{first}-{}", first + 99),
+            ])
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone().map_err(|e| e.to_string())?)
+            .stderr(log)
+            .process_group(0)
+            .spawn()
+            .map_err(|e| format!("start ironhorn-instance-manager: {e}"))?;
+        std::fs::write(dir.join("im.pid"), child.id().to_string()).map_err(|e| e.to_string())?;
+        if !wait_listening(&im_address, Duration::from_secs(15)).await {
+            return Err(format!(
+                "node {name}: instance manager did not listen on {im_address}; see {}",
+                dir.join("instance-manager.log").display()
+            ));
+        }
+    }
+    Ok((NodeProcess { name, dir, im_address, loop_device }, disk_path))
+}
+
+async fn register_node(store: &EmbeddedStore, name: &str, im_address: &str, disk_path: &str) -> Result<(), String> {
+    match store.get::<Node>(name).await.map_err(|e| e.to_string())? {
+        Some(existing) => {
+            let disk_ok = existing.spec.disks.get("disk-1").is_some_and(|d| d.path == disk_path);
+            if existing.spec.instance_manager_address != im_address || !disk_ok {
+                let (address, path) = (im_address.to_string(), disk_path.to_string());
+                crate::datastore::update::<Node, _>(store, name, |n| {
+                    n.spec.instance_manager_address = address.clone();
+                    n.spec.disks.entry("disk-1".into()).or_insert_with(|| DiskSpec {
+                        path: path.clone(),
+                        allow_scheduling: true,
+                        storage_reserved: 0,
+                        tags: vec![],
+                    });
+                    n.spec.disks.get_mut("disk-1").expect("inserted").path = path.clone();
+                    true
+                })
+                .await
+                .map_err(|e| e.to_string())?;
+            }
+        }
+        None => {
+            let disk = DiskSpec { path: disk_path.to_string(), allow_scheduling: true, storage_reserved: 0, tags: vec![] };
+            let spec = NodeSpec {
+                allow_scheduling: true,
+                tags: vec![],
+                disks: [("disk-1".to_string(), disk)].into(),
+                instance_manager_address: im_address.to_string(),
+            };
+            store.create(&Node::new(name, spec)).await.map_err(|e| e.to_string())?;
+        }
+    }
+    Ok(())
+}
+
+/// Stops engines, then replicas, then the instance managers; detaches loops.
+async fn stop_nodes(nodes: &[NodeProcess]) {
+    let cluster = GrpcCluster::default();
+    for kind in [ironhorn_proto::instance::InstanceKind::Engine, ironhorn_proto::instance::InstanceKind::Replica] {
+        for node in nodes {
+            let Ok(instances) = cluster.instances(&node.im_address).await else { continue };
+            for i in instances.iter().filter(|i| i.kind == kind as i32) {
+                if let Err(e) = cluster.delete_instance(&node.im_address, &i.name, false).await {
+                    eprintln!("stop {} on {}: {e}", i.name, node.name);
+                }
+            }
+        }
+    }
+    for node in nodes {
+        let pid_file = node.dir.join("im.pid");
+        if let Some(pid) = std::fs::read_to_string(&pid_file).ok().and_then(|p| p.trim().parse::<i32>().ok()) {
+            // Only our instance manager: the one listening at its address.
+            // SAFETY: kill has no memory effects.
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while std::time::Instant::now() < deadline && std::path::Path::new(&format!("/proc/{pid}")).exists() {
+                // Reap it if it is our child (it is unless `up` was restarted).
+                // SAFETY: waitpid on a pid with WNOHANG; no memory effects.
+                unsafe { libc::waitpid(pid, std::ptr::null_mut(), libc::WNOHANG) };
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            let _ = std::fs::remove_file(&pid_file);
+        }
+        if let Some(device) = &node.loop_device {
+            if let Err(e) = run("losetup", &["-d", device]) {
+                eprintln!("detach {device}: {e}");
+            }
+        }
+    }
+}
+
+pub async fn up(config: UpConfig) -> Result<(), String> {
+    std::fs::create_dir_all(&config.data_dir).map_err(|e| format!("{}: {e}", config.data_dir.display()))?;
+    let config = UpConfig { data_dir: config.data_dir.canonicalize().map_err(|e| e.to_string())?, ..config };
+    if config.nodes == 0 || config.nodes > 9 {
+        return Err("--nodes must be 1 to 9".into());
+    }
+    let use_lvm = !config.file_disks && lvm_available();
+    let store = EmbeddedStore::open(&config.data_dir.join("store")).map_err(|e| e.to_string())?;
+    let mut nodes = Vec::new();
+    for index in 1..=config.nodes {
+        match start_node(&config, index, use_lvm).await {
+            Ok((node, disk_path)) => {
+                register_node(&store, &node.name, &node.im_address, &disk_path).await?;
+                println!("node {}: instance manager {} disk {disk_path}", node.name, node.im_address);
+                nodes.push(node);
+            }
+            Err(e) => {
+                stop_nodes(&nodes).await;
+                return Err(e);
+            }
+        }
+    }
+    let listen: SocketAddr = format!("127.0.0.1:{}", config.port_base).parse().expect("address");
+    let api = format!("http://{listen}");
+    println!("ironhorn is up: {} nodes, API {api}, data {}", config.nodes, config.data_dir.display());
+    println!("  export IRONHORN_API={api}");
+    println!("  ironhorn volume create vol1 --size 1GiB --replicas 3");
+    println!("  ironhorn volume attach vol1 --node n-1        # prints nbd://… to use with nbdinfo, qemu-io or fio");
+    println!("  ironhorn volume list; ironhorn node list; ironhorn replica list");
+    println!("Ctrl-C stops everything; the data dir keeps the volumes for the next `ironhorn up`.");
+    let result = crate::serve(store, GrpcCluster::default(), listen).await;
+    println!("stopping: engines, replicas, instance managers");
+    stop_nodes(&nodes).await;
+    result
+}
+
+/// Removes what `up` made under a data dir: LVs, VGs, PVs, loop devices and
+/// the directory. Refuses while an instance manager of it still runs.
+pub fn purge(data_dir: &Path) -> Result<(), String> {
+    let data_dir = data_dir.canonicalize().map_err(|e| format!("{}: {e}", data_dir.display()))?;
+    let nodes_dir = data_dir.join("nodes");
+    let entries = std::fs::read_dir(&nodes_dir).map(|d| d.flatten().collect::<Vec<_>>()).unwrap_or_default();
+    for entry in &entries {
+        if let Some(pid) = std::fs::read_to_string(entry.path().join("im.pid")).ok().and_then(|p| p.trim().parse::<u32>().ok())
+            && Path::new(&format!("/proc/{pid}")).exists()
+        {
+            return Err(format!("instance manager {pid} of {} still runs: stop `ironhorn up` first", entry.path().display()));
+        }
+    }
+    for entry in entries {
+        let node = entry.file_name().to_string_lossy().into_owned();
+        let image = entry.path().join("disk.img");
+        if !image.exists() {
+            continue;
+        }
+        let vg = vg_name(&data_dir, &node);
+        if run("vgs", &[&vg]).is_ok() {
+            for lv in run("lvs", &["--noheadings", "-o", "lv_name", &vg]).unwrap_or_default().lines() {
+                let lv = lv.trim();
+                if !lv.is_empty() {
+                    lvm("lvremove", &["-y", &format!("{vg}/{lv}")])?;
+                }
+            }
+            lvm("vgremove", &["-y", &vg])?;
+        }
+        if let Some(device) = loop_of(&image) {
+            let _ = lvm("pvremove", &["-y", &device]);
+            run("losetup", &["-d", &device])?;
+        }
+    }
+    std::fs::remove_dir_all(&data_dir).map_err(|e| format!("{}: {e}", data_dir.display()))
+}
