@@ -21,7 +21,10 @@ use datastore::Datastore;
 /// Runs the controllers and the REST API until SIGTERM or SIGINT.
 pub async fn serve<D: Datastore, C: Cluster>(store: D, cluster: C, listen: SocketAddr) -> Result<(), String> {
     let listener = tokio::net::TcpListener::bind(listen).await.map_err(|e| format!("API listen on {listen}: {e}"))?;
-    tracing::info!(address = %listen, "manager API serving");
+    let local = listener.local_addr().map_err(|e| e.to_string())?;
+    tracing::info!(address = %local, "manager API serving");
+    // Tests and supervisors read this line to learn the bound address.
+    println!("listening on {local}");
     let controller = controller::Controller::new(store.clone(), cluster);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let wait_stop = |mut rx: tokio::sync::watch::Receiver<bool>| async move {

@@ -533,3 +533,180 @@ impl NbdClient {
         Ok((error, out))
     }
 }
+
+/// `ironhorn up` in a temp data dir: a manager and N node processes on
+/// their own port range. Dropping it stops `up` (which stops engines,
+/// replicas and instance managers), stops by exact pid any instance manager
+/// left by a killed `up`, and purges the data dir (LVs, VGs, loop devices).
+pub struct StandaloneCluster {
+    pub dir: TempDir,
+    pub api: String,
+    pub port_base: u16,
+    pub nodes: usize,
+    disk_size: String,
+    up: Option<Process>,
+}
+
+impl StandaloneCluster {
+    pub fn start(tag: &str, nodes: usize, port_base: u16, disk_size: &str) -> StandaloneCluster {
+        require_root();
+        require_tool("lvcreate", "lvm2");
+        require_tool("losetup", "mount");
+        let dir = TempDir::new(tag);
+        let mut cluster = StandaloneCluster {
+            dir,
+            api: format!("http://127.0.0.1:{port_base}"),
+            port_base,
+            nodes,
+            disk_size: disk_size.to_string(),
+            up: None,
+        };
+        cluster.start_up();
+        cluster
+    }
+
+    /// Starts `ironhorn up` on the cluster's data dir (again) and waits until
+    /// every node is ready.
+    pub fn start_up(&mut self) {
+        assert!(self.up.is_none(), "up already running");
+        self.up = Some(self.spawn_up().expect("ironhorn up"));
+        // Nodes report ready within a reconcile pass or two.
+        self.wait(Duration::from_secs(30), "every node ready with its disk measured", || {
+            let nodes = self.json(&["node", "list"]);
+            let nodes = nodes.as_array().cloned().unwrap_or_default();
+            nodes.len() == self.nodes
+                && nodes.iter().all(|n| {
+                    n["status"]["diskStatus"]["disk-1"]["storageMaximum"].as_u64().unwrap_or(0) > 0
+                        && n["status"]["conditions"].as_array().is_some_and(|c| {
+                            c.iter().any(|c| c["type"] == "Ready" && c["status"] == "True")
+                        })
+                })
+        });
+    }
+
+    fn spawn_up(&self) -> Result<Process, String> {
+        let args: Vec<String> = [
+            "up",
+            "--data-dir",
+            self.dir.path().join("data").to_str().unwrap(),
+            "--nodes",
+            &self.nodes.to_string(),
+            "--port-base",
+            &self.port_base.to_string(),
+            "--disk-size",
+            &self.disk_size,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        Process::start("up", &binary("ironhorn"), &args, self.dir.path())
+    }
+
+    pub fn up_pid(&self) -> u32 {
+        self.up.as_ref().expect("up running").pid()
+    }
+
+    /// SIGKILL the manager (`up`); nodes and their processes keep running.
+    pub fn kill9_up(&mut self) {
+        self.up.take().expect("up running").kill9();
+    }
+
+    /// Runs the CLI against this cluster.
+    pub fn cli(&self, args: &[&str]) -> Result<String, String> {
+        let mut all = vec!["--api", &self.api];
+        all.extend_from_slice(args);
+        let out = Command::new(binary("ironhorn")).args(&all).output().map_err(|e| e.to_string())?;
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
+        }
+    }
+
+    pub fn json(&self, args: &[&str]) -> serde_json::Value {
+        let mut all = args.to_vec();
+        all.extend_from_slice(&["-o", "json"]);
+        let text = self.cli(&all).unwrap_or_else(|e| panic!("ironhorn {args:?}: {e}"));
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("ironhorn {args:?}: {e}: {text}"))
+    }
+
+    /// Polls `check` every 250 ms until it holds; panics after `timeout`.
+    pub fn wait(&self, timeout: Duration, what: &str, mut check: impl FnMut() -> bool) {
+        let deadline = Instant::now() + timeout;
+        while !check() {
+            if Instant::now() > deadline {
+                let log = self.up.as_ref().map(|p| p.log_text()).unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(30).collect();
+                panic!("timed out after {timeout:?} waiting for: {what}\nup log (last lines, newest first):\n{}", tail.join("\n"));
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+
+    pub fn volume(&self, name: &str) -> serde_json::Value {
+        self.json(&["volume", "get", name])
+    }
+
+    pub fn replicas_of(&self, volume: &str) -> Vec<serde_json::Value> {
+        let all = self.json(&["replica", "list"]);
+        all.as_array().cloned().unwrap_or_default().into_iter().filter(|r| r["spec"]["volumeName"] == volume).collect()
+    }
+
+    /// Node name → its disk (`lvm:VG` or `file:DIR`).
+    pub fn disks(&self) -> HashMap<String, String> {
+        let nodes = self.json(&["node", "list"]);
+        nodes
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .iter()
+            .map(|n| {
+                (n["metadata"]["name"].as_str().unwrap_or_default().to_string(), n["spec"]["disks"]["disk-1"]["path"].as_str().unwrap_or_default().to_string())
+            })
+            .collect()
+    }
+
+    /// LV names in a node's VG.
+    pub fn lvs(&self, node: &str) -> Vec<String> {
+        let disk = self.disks().remove(node).expect("node");
+        let vg = disk.strip_prefix("lvm:").expect("an LVM disk");
+        run("lvs", &["--noheadings", "-o", "lv_name", vg])
+            .expect("lvs")
+            .lines()
+            .map(|l| l.trim().to_string())
+            .filter(|l| !l.is_empty())
+            .collect()
+    }
+}
+
+impl Drop for StandaloneCluster {
+    fn drop(&mut self) {
+        let data = self.dir.path().join("data");
+        match self.up.take() {
+            Some(mut up) => {
+                up.stop(Duration::from_secs(60));
+            }
+            None => {
+                // `up` was killed: start it once more so it stops the nodes
+                // it adopts, the way a user would.
+                if let Ok(mut up) = self.spawn_up() {
+                    // Let it adopt the nodes before it stops them.
+                    std::thread::sleep(Duration::from_secs(2));
+                    up.stop(Duration::from_secs(60));
+                }
+            }
+        }
+        // Any instance manager still running (by the exact pid `up` recorded).
+        if let Ok(entries) = std::fs::read_dir(data.join("nodes")) {
+            for e in entries.flatten() {
+                if let Some(pid) = std::fs::read_to_string(e.path().join("im.pid")).ok().and_then(|p| p.trim().parse::<i32>().ok()) {
+                    // SAFETY: signalling one exact pid.
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                }
+            }
+        }
+        if let Err(e) = run(binary("ironhorn").to_str().unwrap(), &["purge", "--data-dir", data.to_str().unwrap()]) {
+            eprintln!("purge {}: {e}", data.display());
+        }
+    }
+}

@@ -1,0 +1,219 @@
+//! The control plane against real processes: `ironhorn up` (manager + three
+//! instance managers, each node's disk an LVM VG on a loop device), the CLI,
+//! fio and nbdinfo.
+
+use std::collections::BTreeSet;
+use std::process::Command;
+use std::time::Duration;
+
+use ironhorn_tests::*;
+
+fn fio_verify(endpoint: &str, size: &str) -> Command {
+    require_tool("fio", "fio");
+    let mut cmd = Command::new("fio");
+    cmd.args([
+        "--name=verify",
+        "--ioengine=nbd",
+        &format!("--uri={endpoint}"),
+        "--rw=randwrite",
+        "--bs=4k",
+        &format!("--size={size}"),
+        "--iodepth=16",
+        "--verify=crc32c",
+        "--do_verify=1",
+        "--verify_fatal=1",
+    ]);
+    cmd
+}
+
+fn run_ok(mut cmd: Command) {
+    let out = cmd.output().expect("run");
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn free_bytes(cluster: &StandaloneCluster) -> Vec<(String, u64, u64)> {
+    let nodes = cluster.json(&["node", "list"]);
+    nodes
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| {
+            let d = &n["status"]["diskStatus"]["disk-1"];
+            (
+                n["metadata"]["name"].as_str().unwrap().to_string(),
+                d["storageAvailable"].as_u64().unwrap(),
+                d["storageScheduled"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn three_replicas_on_three_nodes_attach_fio_detach_delete_gives_space_back() {
+    require_tool("nbdinfo", "libnbd-bin");
+    let cluster = StandaloneCluster::start("up-life", 3, 24000, "2GiB");
+    let before = free_bytes(&cluster);
+    assert!(before.iter().all(|(_, _, scheduled)| *scheduled == 0), "{before:?}");
+
+    cluster.cli(&["volume", "create", "v1", "--size", "256MiB", "--replicas", "3"]).expect("create");
+    cluster.wait(Duration::from_secs(60), "v1 detached with its replicas running", || {
+        cluster.volume("v1")["status"]["state"] == "detached"
+    });
+    let replicas = cluster.replicas_of("v1");
+    assert_eq!(replicas.len(), 3);
+    let nodes: BTreeSet<String> = replicas.iter().map(|r| r["spec"]["nodeID"].as_str().unwrap().to_string()).collect();
+    assert_eq!(nodes.len(), 3, "three replicas on three different nodes: {nodes:?}");
+    for r in &replicas {
+        let node = r["spec"]["nodeID"].as_str().unwrap();
+        let name = r["metadata"]["name"].as_str().unwrap();
+        assert!(cluster.lvs(node).contains(&name.to_string()), "replica {name} is an LV in {node}'s VG");
+        assert!(r["spec"]["dataPath"].as_str().unwrap().starts_with("lvm:"));
+    }
+    // The node list accounts for them.
+    cluster.wait(Duration::from_secs(20), "node list shows the scheduled replicas", || {
+        free_bytes(&cluster).iter().all(|(_, _, scheduled)| *scheduled == 256 << 20)
+    });
+    let table = cluster.cli(&["node", "list"]).unwrap();
+    assert!(table.contains("SCHEDULED") && table.contains("256MiB"), "{table}");
+
+    let endpoint = cluster.cli(&["volume", "attach", "v1", "--node", "n-1"]).expect("attach").trim().to_string();
+    assert!(endpoint.starts_with("nbd://127.0.0.1:"), "{endpoint}");
+    let size = run("nbdinfo", &["--size", &endpoint]).expect("nbdinfo");
+    assert_eq!(size.trim(), (256u64 << 20).to_string());
+    let volume = cluster.volume("v1");
+    assert_eq!(volume["status"]["state"], "attached");
+    assert_eq!(volume["status"]["currentNodeID"], "n-1");
+    cluster.wait(Duration::from_secs(20), "v1 healthy", || cluster.volume("v1")["status"]["robustness"] == "healthy");
+    run_ok(fio_verify(&endpoint, "128M"));
+    let table = cluster.cli(&["volume", "list"]).unwrap();
+    assert!(table.contains("attached") && table.contains("healthy") && table.contains("n-1"), "{table}");
+
+    cluster.cli(&["volume", "detach", "v1"]).expect("detach");
+    assert_eq!(cluster.volume("v1")["status"]["state"], "detached");
+    assert!(run("nbdinfo", &["--size", &endpoint]).is_err(), "the engine is gone after detach");
+
+    cluster.cli(&["volume", "delete", "v1"]).expect("delete");
+    let err = cluster.cli(&["volume", "get", "v1"]).unwrap_err();
+    assert!(err.contains("not found"), "{err}");
+    for node in ["n-1", "n-2", "n-3"] {
+        assert!(cluster.lvs(node).is_empty(), "{node}'s LVs are gone: {:?}", cluster.lvs(node));
+    }
+    cluster.wait(Duration::from_secs(20), "node list shows the space back", || {
+        let now = free_bytes(&cluster);
+        now.iter().zip(&before).all(|((_, free, scheduled), (_, was, _))| *scheduled == 0 && free == was)
+    });
+    assert!(cluster.replicas_of("v1").is_empty());
+}
+
+#[test]
+fn a_volume_that_does_not_fit_stays_unscheduled_and_bad_requests_fail() {
+    let cluster = StandaloneCluster::start("up-nofit", 3, 24500, "512MiB");
+    cluster.cli(&["volume", "create", "huge", "--size", "2GiB", "--replicas", "3"]).expect("create is accepted");
+    cluster.wait(Duration::from_secs(30), "huge reports why it is not scheduled", || {
+        let v = cluster.volume("huge");
+        v["status"]["conditions"].as_array().is_some_and(|c| {
+            c.iter().any(|c| c["type"] == "Scheduled" && c["status"] == "False" && c["reason"] == "InsufficientStorage")
+        })
+    });
+    let v = cluster.volume("huge");
+    assert_eq!(v["status"]["state"], "creating");
+    let table = cluster.cli(&["volume", "list"]).unwrap();
+    assert!(table.contains("insufficient storage"), "{table}");
+    // Nothing half-made: no replicas, no LVs.
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(cluster.replicas_of("huge").is_empty());
+    for node in ["n-1", "n-2", "n-3"] {
+        assert!(cluster.lvs(node).is_empty(), "{node}: {:?}", cluster.lvs(node));
+    }
+    let err = cluster.cli(&["volume", "attach", "huge", "--node", "n-1"]).unwrap_err();
+    assert!(err.contains("insufficient storage"), "{err}");
+
+    // Four replicas on three nodes: hard anti-affinity names itself.
+    cluster.cli(&["volume", "create", "four", "--size", "16MiB", "--replicas", "4"]).unwrap();
+    cluster.wait(Duration::from_secs(30), "four is unscheduled by anti-affinity", || {
+        cluster.volume("four")["status"]["conditions"].as_array().is_some_and(|c| {
+            c.iter().any(|c| c["type"] == "Scheduled" && c["reason"] == "ReplicaAntiAffinity")
+        })
+    });
+
+    // Bad input: one line, non-zero exit.
+    for (args, expect) in [
+        (vec!["volume", "get", "nope"], "not found"),
+        (vec!["volume", "create", "x", "--size", "12QB"], "unknown unit"),
+        (vec!["volume", "create", "x", "--size", "1000"], "multiple of 4096"),
+        (vec!["volume", "create", "Bad_Name", "--size", "1GiB"], "volume name"),
+        (vec!["volume", "create", "x", "--size", "1GiB", "--replicas", "0"], "numberOfReplicas"),
+        (vec!["volume", "create", "huge", "--size", "1GiB"], "already exists"),
+        (vec!["volume", "attach", "huge", "--node", "n-9"], "not found"),
+        (vec!["volume", "delete", "nope"], "not found"),
+        (vec!["setting", "set", "storage-minimal-available-percentage", "lots"], "not a non-negative integer"),
+        (vec!["setting", "get", "no-such-setting"], "not found"),
+    ] {
+        let err = cluster.cli(&args).expect_err(&format!("{args:?} must fail"));
+        assert!(err.contains(expect), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: one line, got {err}");
+    }
+    // Deleting the unschedulable volumes leaves nothing behind.
+    cluster.cli(&["volume", "delete", "huge"]).unwrap();
+    cluster.cli(&["volume", "delete", "four"]).unwrap();
+    assert_eq!(cluster.json(&["volume", "list"]).as_array().unwrap().len(), 0);
+}
+
+#[test]
+fn kill9_of_the_manager_under_fio_leaves_io_running_and_the_restarted_manager_in_step() {
+    let mut cluster = StandaloneCluster::start("up-kill", 3, 25000, "2GiB");
+    cluster.cli(&["volume", "create", "v1", "--size", "256MiB", "--replicas", "3"]).unwrap();
+    let endpoint = cluster.cli(&["volume", "attach", "v1", "--node", "n-2"]).expect("attach").trim().to_string();
+    cluster.wait(Duration::from_secs(20), "v1 healthy", || cluster.volume("v1")["status"]["robustness"] == "healthy");
+    let epoch_before = cluster.json(&["engine", "list"])[0]["spec"]["epoch"].as_u64().unwrap();
+
+    let mut fio = fio_verify(&endpoint, "192M");
+    fio.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+    let fio = fio.spawn().expect("fio");
+    std::thread::sleep(Duration::from_millis(700));
+    cluster.kill9_up();
+    assert!(cluster.cli(&["volume", "list"]).is_err(), "the API is down with the manager");
+    std::thread::sleep(Duration::from_secs(2));
+    // The data path does not depend on the manager.
+    assert_eq!(run("nbdinfo", &["--size", &endpoint]).expect("engine still serving").trim(), (256u64 << 20).to_string());
+    cluster.start_up();
+    let out = fio.wait_with_output().unwrap();
+    assert!(out.status.success(), "fio verify across a manager kill:\n{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+
+    // The restarted manager's view matches what runs.
+    cluster.wait(Duration::from_secs(30), "v1 attached and healthy after restart", || {
+        let v = cluster.volume("v1");
+        v["status"]["state"] == "attached" && v["status"]["robustness"] == "healthy"
+    });
+    let v = cluster.volume("v1");
+    assert_eq!(v["status"]["endpoint"], endpoint.as_str(), "the same engine, not a new one");
+    let engines = cluster.json(&["engine", "list"]);
+    assert_eq!(engines[0]["spec"]["epoch"].as_u64().unwrap(), epoch_before, "the engine was not restarted");
+    let replicas = cluster.replicas_of("v1");
+    assert_eq!(replicas.len(), 3);
+    assert!(replicas.iter().all(|r| r["status"]["currentState"] == "running"), "{replicas:?}");
+
+    // Later operations work.
+    cluster.cli(&["volume", "create", "v2", "--size", "64MiB", "--replicas", "2"]).unwrap();
+    let endpoint2 = cluster.cli(&["volume", "attach", "v2", "--node", "n-3"]).expect("attach v2").trim().to_string();
+    run_ok(fio_verify(&endpoint2, "32M"));
+    cluster.cli(&["volume", "detach", "v1"]).unwrap();
+    // A re-attach starts a new engine with a higher epoch on the same data.
+    let endpoint = cluster.cli(&["volume", "attach", "v1", "--node", "n-1"]).expect("re-attach").trim().to_string();
+    let engines = cluster.json(&["engine", "list"]);
+    let v1_engine = engines.as_array().unwrap().iter().find(|e| e["spec"]["volumeName"] == "v1").unwrap();
+    assert!(v1_engine["spec"]["epoch"].as_u64().unwrap() > epoch_before);
+    let mut verify_only = fio_verify(&endpoint, "192M");
+    verify_only.args(["--rw=randread", "--verify_only=1"]);
+    run_ok(verify_only);
+    cluster.cli(&["volume", "delete", "v1"]).unwrap();
+    cluster.cli(&["volume", "delete", "v2"]).unwrap();
+    for node in ["n-1", "n-2", "n-3"] {
+        assert!(cluster.lvs(node).is_empty(), "{node}: {:?}", cluster.lvs(node));
+    }
+}
