@@ -534,6 +534,15 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
                     })
                     .await;
             }
+            // Whatever status said before (a manager restart reads the last
+            // one written), the volume is attaching now, with no endpoint.
+            self.set_volume_status(&name, |s| {
+                s.state = "attaching".into();
+                s.current_node_id = want_node.clone();
+                s.endpoint.clear();
+                s.blockdev.clear();
+            })
+            .await?;
             if let Some(i) = instance {
                 // A dead or stale engine instance: clear it before the new one.
                 self.cluster.delete_instance(&im, &i.name, false).await?;

@@ -606,6 +606,13 @@ impl StandaloneCluster {
         self.up.as_ref().expect("up running").pid()
     }
 
+    /// Reaps an `up` that exited on its own (after a signal this test sent).
+    pub fn forget_up(&mut self) {
+        if let Some(mut up) = self.up.take() {
+            up.stop(Duration::from_secs(30));
+        }
+    }
+
     /// SIGKILL the manager (`up`); nodes and their processes keep running.
     pub fn kill9_up(&mut self) {
         self.up.take().expect("up running").kill9();

@@ -217,3 +217,56 @@ fn kill9_of_the_manager_under_fio_leaves_io_running_and_the_restarted_manager_in
         assert!(cluster.lvs(node).is_empty(), "{node}: {:?}", cluster.lvs(node));
     }
 }
+
+#[test]
+fn stopping_up_stops_everything_and_the_next_up_brings_volumes_back() {
+    let mut cluster = StandaloneCluster::start("up-stop", 3, 25500, "1GiB");
+    cluster.cli(&["volume", "create", "v1", "--size", "64MiB", "--replicas", "3"]).unwrap();
+    let endpoint = cluster.cli(&["volume", "attach", "v1", "--node", "n-1"]).unwrap().trim().to_string();
+    run_ok(fio_verify(&endpoint, "32M"));
+    let epoch = cluster.json(&["engine", "list"])[0]["spec"]["epoch"].as_u64().unwrap();
+    // The blockdev frontend through the manager.
+    cluster.cli(&["volume", "create", "b1", "--size", "32MiB", "--replicas", "2"]).unwrap();
+    let dev = cluster.cli(&["volume", "attach", "b1", "--node", "n-2", "--frontend", "blockdev"]).unwrap().trim().to_string();
+    assert_eq!(dev, "/dev/ironhorn/b1");
+    let meta = std::fs::metadata(&dev).expect("block device exists");
+    assert!(std::os::unix::fs::FileTypeExt::is_block_device(&meta.file_type()), "{dev} is a block device");
+
+    let pids: Vec<u32> = std::fs::read_dir(cluster.dir.path().join("data/nodes"))
+        .unwrap()
+        .flatten()
+        .map(|e| std::fs::read_to_string(e.path().join("im.pid")).unwrap().trim().parse().unwrap())
+        .collect();
+    assert_eq!(pids.len(), 3);
+    // Ctrl-C.
+    // SAFETY: signalling the exact pid of the `up` this test started.
+    unsafe { libc::kill(cluster.up_pid() as i32, libc::SIGINT) };
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while pids.iter().any(|p| std::path::Path::new(&format!("/proc/{p}")).exists()) {
+        assert!(std::time::Instant::now() < deadline, "instance managers still running");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(run("nbdinfo", &["--size", &endpoint]).is_err(), "the engine stopped too");
+    assert!(!std::path::Path::new(&dev).exists(), "the block device is gone");
+    let image = cluster.dir.path().join("data/nodes/n-1/disk.img");
+    assert!(run("losetup", &["-j", image.to_str().unwrap()]).unwrap().trim().is_empty(), "loop device detached");
+
+    // The next `up` on the same data dir brings v1 back, data intact, with a
+    // new engine at a higher epoch.
+    cluster.forget_up();
+    cluster.start_up();
+    // (Status read right after the restart is the last one written; the
+    // engine's epoch tells the new engine from the old.)
+    cluster.wait(Duration::from_secs(60), "v1 attached again by a new engine", || {
+        let engines = cluster.json(&["engine", "list"]);
+        let v1 = engines.as_array().unwrap().iter().find(|e| e["spec"]["volumeName"] == "v1").cloned().unwrap();
+        let v = cluster.volume("v1");
+        v1["spec"]["epoch"].as_u64().unwrap() > epoch
+            && v["status"]["state"] == "attached"
+            && v["status"]["robustness"] == "healthy"
+    });
+    let endpoint = cluster.volume("v1")["status"]["endpoint"].as_str().unwrap().to_string();
+    let mut verify_only = fio_verify(&endpoint, "32M");
+    verify_only.args(["--rw=randread", "--verify_only=1"]);
+    run_ok(verify_only);
+}
