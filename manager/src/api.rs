@@ -57,6 +57,7 @@ pub fn router<D: Datastore>(store: D) -> Router {
         .route("/v1/nodes", get(list::<D, Node>))
         .route("/v1/replicas", get(list::<D, Replica>))
         .route("/v1/engines", get(list::<D, Engine>))
+        .route("/v1/events", get(list_events::<D>))
         .route("/v1/settings", get(list_settings::<D>))
         .route("/v1/settings/{name}", get(get_setting::<D>).put(set_setting::<D>))
         .with_state(store)
@@ -129,7 +130,7 @@ async fn create_volume<D: Datastore>(State(store): State<D>, body: Result<Json<C
             number_of_replicas: replicas,
             frontend: body.frontend,
             node_id: String::new(),
-            stale_replica_timeout: body.stale_replica_timeout.unwrap_or(2880),
+            stale_replica_timeout: body.stale_replica_timeout.unwrap_or(0),
             replica_soft_anti_affinity: body.replica_soft_anti_affinity,
             node_selector: body.node_selector,
             disk_selector: body.disk_selector,
@@ -209,6 +210,37 @@ async fn detach<D: Datastore>(State(store): State<D>, Path(name): Path<String>) 
     .await?
     .ok_or_else(|| not_found("volume", &name))?;
     reply(&updated)
+}
+
+#[derive(Deserialize)]
+struct EventQuery {
+    volume: Option<String>,
+}
+
+/// Events, oldest first; `?volume=NAME` keeps one volume's.
+async fn list_events<D: Datastore>(
+    State(store): State<D>,
+    axum::extract::Query(query): axum::extract::Query<EventQuery>,
+) -> Reply {
+    use k8s_openapi::api::core::v1::Event;
+    let mut events: Vec<Event> = store.list().await?;
+    if let Some(volume) = &query.volume {
+        events.retain(|e| e.involved_object.name.as_deref() == Some(volume.as_str()));
+    }
+    events.sort_by_key(|e| e.last_timestamp.as_ref().map(|t| t.0));
+    let out: Vec<Value> = events
+        .iter()
+        .map(|e| {
+            json!({
+                "time": e.last_timestamp.as_ref().map(|t| t.0.to_string()),
+                "volume": e.involved_object.name,
+                "type": e.type_,
+                "reason": e.reason,
+                "message": e.message,
+            })
+        })
+        .collect();
+    Ok(Json(Value::Array(out)))
 }
 
 async fn list_settings<D: Datastore>(State(store): State<D>) -> Reply {

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ironhorn_proto::engine::engine_client::EngineClient;
-use ironhorn_proto::engine::{StatusRequest, StatusResponse};
+use ironhorn_proto::engine::{ReplicaAddRequest, ReplicaRemoveRequest, StatusRequest, StatusResponse};
 use ironhorn_proto::instance::instance_manager_client::InstanceManagerClient;
 use ironhorn_proto::instance::{self as pb};
 use tonic::transport::{Channel, Endpoint};
@@ -23,6 +23,11 @@ pub trait Cluster: Clone + Send + Sync + 'static {
     fn disk_status(&self, im: &str, disk: &str) -> impl Future<Output = Result<pb::DiskStatusResponse, String>> + Send;
     fn delete_store(&self, im: &str, store: &str) -> impl Future<Output = Result<(), String>> + Send;
     fn engine_status(&self, engine: &str) -> impl Future<Output = Result<StatusResponse, String>> + Send;
+    /// Asks the engine to bring a replica in (WO) and rebuild it, without
+    /// waiting for the rebuild.
+    fn engine_replica_add(&self, engine: &str, replica: &str) -> impl Future<Output = Result<(), String>> + Send;
+    /// Takes a replica out of the engine; one it does not have is fine.
+    fn engine_replica_remove(&self, engine: &str, replica: &str) -> impl Future<Output = Result<(), String>> + Send;
 }
 
 #[derive(Clone, Default)]
@@ -87,5 +92,21 @@ impl Cluster for GrpcCluster {
     async fn engine_status(&self, engine: &str) -> Result<StatusResponse, String> {
         let mut client = EngineClient::new(self.channel(engine)?);
         Ok(client.status(StatusRequest {}).await.map_err(|e| status(engine, e))?.into_inner())
+    }
+
+    async fn engine_replica_add(&self, engine: &str, replica: &str) -> Result<(), String> {
+        let mut client = EngineClient::new(self.channel(engine)?);
+        let request = ReplicaAddRequest { address: replica.to_string(), wait: false };
+        client.replica_add(request).await.map_err(|e| status(engine, e))?;
+        Ok(())
+    }
+
+    async fn engine_replica_remove(&self, engine: &str, replica: &str) -> Result<(), String> {
+        let mut client = EngineClient::new(self.channel(engine)?);
+        match client.replica_remove(ReplicaRemoveRequest { address: replica.to_string() }).await {
+            Ok(_) => Ok(()),
+            Err(s) if s.code() == tonic::Code::NotFound => Ok(()),
+            Err(s) => Err(status(engine, s)),
+        }
     }
 }

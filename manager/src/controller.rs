@@ -10,7 +10,8 @@
 //! higher than any it was started with before (written first, then the
 //! process is created), so two engines of a volume never share an epoch.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ironhorn_proto::instance::{self as pb, InstanceState};
@@ -19,6 +20,8 @@ use kube::ResourceExt;
 use crate::cluster::Cluster;
 use crate::crd::*;
 use crate::datastore::{self, Datastore, update, update_status};
+use crate::events::{self, Kind::*};
+use crate::replenish::{self, Action};
 use crate::scheduler::{self, DiskCandidate, Limits, Placed};
 use crate::settings;
 
@@ -56,6 +59,8 @@ pub struct Snapshot {
     pub nodes: Vec<Node>,
     /// Node name → its instances, or the error reaching its instance manager.
     pub instances: HashMap<String, Result<Vec<pb::Instance>, String>>,
+    /// (node, disk) → the disk's size, free space and stores, or the error.
+    pub disks: HashMap<(String, String), Result<pb::DiskStatusResponse, String>>,
     pub volumes: Vec<Volume>,
     pub engines: Vec<Engine>,
     pub replicas: Vec<Replica>,
@@ -77,6 +82,26 @@ impl Snapshot {
         }
     }
 
+    /// Node ready and schedulable, and the replica's disk ready and schedulable.
+    fn replica_usable(&self, replica: &Replica) -> bool {
+        let Some(node) = self.node(&replica.spec.node_id) else { return false };
+        let status = node.status.clone().unwrap_or_default();
+        let is_true = |c: &[Condition], t: &str| condition(c, t).is_some_and(|c| c.status == "True");
+        let disk = status.disk_status.get(&replica.spec.disk_id);
+        self.node_ready(&replica.spec.node_id)
+            && node.spec.allow_scheduling
+            && node.spec.disks.get(&replica.spec.disk_id).is_some_and(|d| d.allow_scheduling)
+            && disk.is_some_and(|d| is_true(&d.conditions, "Ready"))
+    }
+
+    /// Whether the replica's store exists; None when its node cannot say.
+    fn data_exists(&self, replica: &Replica) -> Option<bool> {
+        match self.disks.get(&(replica.spec.node_id.clone(), replica.spec.disk_id.clone()))? {
+            Ok(status) => Some(status.stores.contains(&replica.spec.data_path)),
+            Err(_) => None,
+        }
+    }
+
     fn replicas_of(&self, volume: &str) -> Vec<&Replica> {
         self.replicas.iter().filter(|r| r.spec.volume_name == volume).collect()
     }
@@ -86,7 +111,15 @@ impl Snapshot {
 pub struct Controller<D: Datastore, C: Cluster> {
     pub store: D,
     pub cluster: C,
+    /// Volume → since when its engine's report has disagreed with the
+    /// replica set it was given (in memory: a restart just waits afresh).
+    view_stale_since: Arc<Mutex<HashMap<String, std::time::Instant>>>,
 }
+
+/// How long an engine may disagree with the replica set it was given before
+/// the missing replicas are taken as failed (a `replica add` that failed
+/// before the replica ever showed up).
+const VIEW_STALE_LIMIT: Duration = Duration::from_secs(30);
 
 type Outcome = Result<(), String>;
 
@@ -96,7 +129,7 @@ fn ds(e: datastore::Error) -> String {
 
 impl<D: Datastore, C: Cluster> Controller<D, C> {
     pub fn new(store: D, cluster: C) -> Self {
-        Self { store, cluster }
+        Self { store, cluster, view_stale_since: Arc::default() }
     }
 
     /// Reconciles until `stop` resolves: on every change, and at least every
@@ -133,13 +166,23 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
     pub async fn snapshot(&self) -> Result<Snapshot, String> {
         let nodes: Vec<Node> = self.store.list().await.map_err(ds)?;
         let mut instances = HashMap::new();
+        let mut disks = HashMap::new();
         for node in &nodes {
-            let list = self.cluster.instances(&node.spec.instance_manager_address).await;
+            let im = &node.spec.instance_manager_address;
+            let list = self.cluster.instances(im).await;
+            for (disk_name, disk) in &node.spec.disks {
+                let status = match &list {
+                    Ok(_) => self.cluster.disk_status(im, &disk.path).await,
+                    Err(e) => Err(e.clone()),
+                };
+                disks.insert((node.name_any(), disk_name.clone()), status);
+            }
             instances.insert(node.name_any(), list);
         }
         Ok(Snapshot {
             nodes,
             instances,
+            disks,
             volumes: self.store.list().await.map_err(ds)?,
             engines: self.store.list().await.map_err(ds)?,
             replicas: self.store.list().await.map_err(ds)?,
@@ -177,10 +220,8 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
             status.storage_scheduled = status.scheduled_replica.values().sum();
             let previous = node.status.as_ref().and_then(|s| s.disk_status.get(disk_name));
             let mut conditions = previous.map(|p| p.conditions.clone()).unwrap_or_default();
-            let disk_reply = match &reachable {
-                Ok(_) => self.cluster.disk_status(im, &disk.path).await,
-                Err(e) => Err(e.clone()),
-            };
+            let disk_reply =
+                snapshot.disks.get(&(name.clone(), disk_name.clone())).cloned().unwrap_or(Err("not listed".into()));
             match disk_reply {
                 Ok(reply) => {
                     status.storage_maximum = reply.total_bytes;
@@ -525,6 +566,10 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
         });
 
         if !(alive && instance_epoch == Some(current_epoch) && engine.is_some_and(|e| e.spec.node_id == want_node)) {
+            if healthy.is_empty() && !replicas.is_empty() {
+                // Every replica failed: nothing to start an engine with.
+                return self.salvage(snapshot, volume, replicas, None).await;
+            }
             // (Re)start the engine: every healthy replica must be up first.
             if running.is_empty() || running.len() < healthy.len() {
                 return self
@@ -639,12 +684,8 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
         .await
         .map_err(ds)?;
 
-        // Replicas the engine dropped are failed.
-        for (replica, mode) in &modes {
-            if mode == "ERR" && replicas.iter().any(|r| r.name_any() == *replica && r.spec.failed_at.is_empty()) {
-                tracing::warn!(volume = %name, %replica, "engine reports replica ERR");
-                self.mark_replica_failed(replica).await?;
-            }
+        if let Ok(engine_status) = &status {
+            self.heal(snapshot, volume, engine, &instance.address, engine_status, replicas).await?;
         }
         let rw = modes.values().filter(|m| *m == "RW").count();
         let robustness = if status.is_err() {
@@ -684,6 +725,361 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
             }
             s.robustness = robustness.into();
             set_condition(&mut s.conditions, "Attached", true, "", "", &now);
+        })
+        .await
+    }
+
+    /// Restores the replica count of an attached volume (see `replenish`).
+    async fn heal(
+        &self,
+        snapshot: &Snapshot,
+        volume: &Volume,
+        engine: &Engine,
+        engine_address: &str,
+        report: &ironhorn_proto::engine::StatusResponse,
+        replicas: &[&Replica],
+    ) -> Outcome {
+        let name = volume.name_any();
+        let engine_name = engine.name_any();
+        let by_address: HashMap<&str, &str> =
+            engine.spec.replica_address_map.iter().map(|(n, a)| (a.as_str(), n.as_str())).collect();
+        let previous_modes = engine.status.as_ref().map(|s| s.replica_mode_map.clone()).unwrap_or_default();
+
+        // Rebuilds that just finished.
+        for r in &report.replicas {
+            let Some(replica) = by_address.get(r.address.as_str()) else { continue };
+            if r.mode == "RW" && previous_modes.get(*replica).is_some_and(|m| m == "WO")
+                && let Some(done) = report.rebuilds.iter().find(|b| b.replica == r.address && b.state == "done")
+            {
+                let seconds = done.finished_unix_ms.saturating_sub(done.started_unix_ms) as f64 / 1000.0;
+                let message = format!(
+                    "rebuild of {replica} finished in {seconds:.1} s, copied {:.1} MiB of {:.1} MiB compared ({})",
+                    done.copied_bytes as f64 / (1 << 20) as f64,
+                    done.compared_bytes as f64 / (1 << 20) as f64,
+                    done.method
+                );
+                events::record(&self.store, &name, Normal, "RebuildFinished", &message).await;
+            }
+        }
+
+        // Replicas the engine dropped, or the manager saw fail: failed, and
+        // out of the engine, so the engine's report and its spec agree.
+        let mut removed = Vec::new();
+        for r in &report.replicas {
+            if r.mode != "ERR" {
+                continue;
+            }
+            if let Some(replica) = by_address.get(r.address.as_str())
+                && replicas.iter().any(|x| x.name_any() == *replica && x.spec.failed_at.is_empty())
+            {
+                self.mark_replica_failed(replica).await?;
+                let message = format!("replica {replica} failed: {}", if r.error.is_empty() { "error" } else { &r.error });
+                events::record(&self.store, &name, Warning, "ReplicaFailed", &message).await;
+            }
+            self.cluster.engine_replica_remove(engine_address, &r.address).await?;
+            removed.push(r.address.clone());
+        }
+        for r in replicas.iter().filter(|r| !r.spec.failed_at.is_empty()) {
+            if let Some(address) = engine.spec.replica_address_map.get(&r.name_any())
+                && !removed.contains(address)
+            {
+                if report.replicas.iter().any(|x| x.address == *address) {
+                    self.cluster.engine_replica_remove(engine_address, address).await?;
+                }
+                removed.push(address.clone());
+            }
+        }
+        if !removed.is_empty() {
+            update::<Engine, D>(&self.store, &engine_name, |e| {
+                let before = e.spec.replica_address_map.len();
+                e.spec.replica_address_map.retain(|_, a| !removed.contains(a));
+                e.spec.replica_address_map.len() != before
+            })
+            .await
+            .map_err(ds)?;
+            return Ok(()); // the next pass sees the new view
+        }
+
+        // 1. Only on a current view.
+        let reported: BTreeSet<&str> = report.replicas.iter().map(|r| r.address.as_str()).collect();
+        let given: BTreeSet<&str> = engine.spec.replica_address_map.values().map(String::as_str).collect();
+        let view_current = reported == given;
+        let stale_too_long = {
+            let mut stale = self.view_stale_since.lock().expect("view map");
+            if view_current {
+                stale.remove(&name);
+                false
+            } else {
+                let since = *stale.entry(name.clone()).or_insert_with(std::time::Instant::now);
+                let expired = since.elapsed() > VIEW_STALE_LIMIT;
+                if expired {
+                    stale.remove(&name);
+                }
+                expired
+            }
+        };
+        if stale_too_long {
+            let missing: Vec<String> = engine
+                .spec
+                .replica_address_map
+                .iter()
+                .filter(|(_, a)| !reported.contains(a.as_str()))
+                .map(|(n, _)| n.clone())
+                .collect();
+            for replica in &missing {
+                self.mark_replica_failed(replica).await?;
+                let message = format!("replica {replica} never joined the engine; marked failed");
+                events::record(&self.store, &name, Warning, "ReplicaFailed", &message).await;
+            }
+            update::<Engine, D>(&self.store, &engine_name, |e| {
+                e.spec.replica_address_map.retain(|n, _| !missing.contains(n));
+                true
+            })
+            .await
+            .map_err(ds)?;
+            return Ok(());
+        }
+
+        let rebuilding = report.replicas.iter().any(|r| r.mode == "WO");
+        let mut rebuilds_on_node: HashMap<String, usize> = HashMap::new();
+        for e in &snapshot.engines {
+            for (replica, mode) in e.status.as_ref().map(|s| s.replica_mode_map.clone()).unwrap_or_default() {
+                if mode == "WO"
+                    && let Some(r) = snapshot.replicas.iter().find(|r| r.name_any() == replica)
+                {
+                    *rebuilds_on_node.entry(r.spec.node_id.clone()).or_default() += 1;
+                }
+            }
+        }
+        let limit = settings::get_u64(&self.store, "concurrent-replica-rebuild-per-node-limit").await.map_err(ds)? as usize;
+
+        // A healthy replica the engine does not have yet (reused, created or
+        // salvaged): bring it in, one rebuild at a time.
+        if view_current && !rebuilding {
+            for r in replicas.iter().filter(|r| r.spec.failed_at.is_empty()) {
+                let replica = r.name_any();
+                if engine.spec.replica_address_map.contains_key(&replica) {
+                    continue;
+                }
+                let Some(i) = snapshot.instance(&r.spec.node_id, &replica) else { continue };
+                if i.state != InstanceState::Running as i32 {
+                    continue;
+                }
+                if rebuilds_on_node.get(&r.spec.node_id).copied().unwrap_or(0) >= limit {
+                    tracing::info!(volume = %name, %replica, node = %r.spec.node_id, "rebuild waits: node at its rebuild limit");
+                    return Ok(());
+                }
+                let address = i.address.clone();
+                let n = replica.clone();
+                update::<Engine, D>(&self.store, &engine_name, |e| {
+                    e.spec.replica_address_map.insert(n.clone(), address.clone());
+                    true
+                })
+                .await
+                .map_err(ds)?;
+                self.cluster.engine_replica_add(engine_address, &i.address).await?;
+                let message = format!("rebuild of {replica} on {} started", r.spec.node_id);
+                events::record(&self.store, &name, Normal, "RebuildStarted", &message).await;
+                return Ok(());
+            }
+        }
+
+        // The decision.
+        let now_ts = jiff::Timestamp::now();
+        let parse = |t: &str| t.parse::<jiff::Timestamp>().ok();
+        let view = replenish::VolumeView {
+            desired: volume.spec.number_of_replicas as usize,
+            replicas: replicas
+                .iter()
+                .map(|r| replenish::ReplicaView {
+                    name: r.name_any(),
+                    node: r.spec.node_id.clone(),
+                    usable: snapshot.replica_usable(r),
+                    data_exists: snapshot.data_exists(r),
+                    failed_at: parse(&r.spec.failed_at),
+                    rebuild_retry_count: r.spec.rebuild_retry_count,
+                    mode: engine
+                        .spec
+                        .replica_address_map
+                        .get(&r.name_any())
+                        .and_then(|a| report.replicas.iter().find(|x| x.address == *a))
+                        .map(|x| x.mode.clone()),
+                })
+                .collect(),
+            view_current,
+            degraded_since: volume.status.as_ref().and_then(|s| parse(&s.last_degraded_at)),
+            rebuilds_on_node,
+        };
+        let secs = |v: u64| Duration::from_secs(v);
+        let stale_timeout = if volume.spec.stale_replica_timeout > 0 {
+            secs(volume.spec.stale_replica_timeout * 60)
+        } else {
+            secs(settings::get_u64(&self.store, "stale-replica-timeout").await.map_err(ds)?)
+        };
+        let policy = replenish::Policy {
+            now: now_ts,
+            replenishment_wait: secs(settings::get_u64(&self.store, "replica-replenishment-wait-interval").await.map_err(ds)?),
+            retry_max: settings::get_u64(&self.store, "replica-rebuild-retry-max").await.map_err(ds)? as u32,
+            backoff_initial: secs(settings::get_u64(&self.store, "replica-rebuild-backoff-initial").await.map_err(ds)?),
+            backoff_max: secs(settings::get_u64(&self.store, "replica-rebuild-backoff-max").await.map_err(ds)?),
+            stale_timeout,
+            per_node_rebuild_limit: limit,
+        };
+        let plan = replenish::decide(&view, &policy);
+        for stale in &plan.delete_stale {
+            if let Some(r) = replicas.iter().find(|r| r.name_any() == *stale) {
+                match self.delete_replica(snapshot, r).await {
+                    Ok(()) => {
+                        let message = format!("deleted stale replica {stale} (failed at {}) and its data", r.spec.failed_at);
+                        events::record(&self.store, &name, Normal, "StaleReplicaDeleted", &message).await;
+                    }
+                    Err(e) => tracing::warn!(volume = %name, replica = %stale, error = %e, "stale replica not deleted yet"),
+                }
+            }
+        }
+        match plan.action {
+            Action::Nothing => Ok(()),
+            Action::Wait(why) => {
+                tracing::debug!(volume = %name, "heal waits: {why}");
+                Ok(())
+            }
+            Action::Reuse { replica, retry } => {
+                let r = replicas.iter().find(|r| r.name_any() == replica).expect("decided from these");
+                self.restart_replica_instance(snapshot, r).await?;
+                update::<Replica, D>(&self.store, &replica, |r| {
+                    r.spec.failed_at.clear();
+                    r.spec.rebuild_retry_count = retry;
+                    true
+                })
+                .await
+                .map_err(ds)?;
+                let message = format!("reused replica {replica} (retry {retry})");
+                events::record(&self.store, &name, Normal, "ReplicaReused", &message).await;
+                Ok(())
+            }
+            Action::Create => self.create_replacement(snapshot, volume, replicas).await,
+            Action::Salvage { .. } => self.salvage(snapshot, volume, replicas, Some((engine, engine_address))).await,
+        }
+    }
+
+    /// Starts a replica's process again on its old store (data kept).
+    async fn restart_replica_instance(&self, snapshot: &Snapshot, replica: &Replica) -> Outcome {
+        let name = replica.name_any();
+        let node = snapshot.node(&replica.spec.node_id).ok_or("replica's node vanished")?;
+        let im = &node.spec.instance_manager_address;
+        if let Some(i) = snapshot.instance(&replica.spec.node_id, &name) {
+            if matches!(InstanceState::try_from(i.state), Ok(InstanceState::Running | InstanceState::Starting)) {
+                return Ok(());
+            }
+            self.cluster.delete_instance(im, &name, false).await?;
+        }
+        let request = pb::CreateRequest {
+            name: name.clone(),
+            spec: Some(pb::create_request::Spec::Replica(pb::ReplicaSpec {
+                store: replica.spec.data_path.clone(),
+                size_bytes: replica.spec.volume_size,
+            })),
+        };
+        self.cluster.create_instance(im, request).await.map(drop)
+    }
+
+    async fn create_replacement(&self, snapshot: &Snapshot, volume: &Volume, replicas: &[&Replica]) -> Outcome {
+        let name = volume.name_any();
+        let placed = replicas
+            .iter()
+            .filter(|r| r.spec.failed_at.is_empty())
+            .map(|r| {
+                let zone = snapshot.node(&r.spec.node_id).and_then(|n| n.status.as_ref()).map(|s| s.zone.clone());
+                Placed { node: r.spec.node_id.clone(), disk: r.spec.disk_id.clone(), zone: zone.unwrap_or_default() }
+            })
+            .collect();
+        let request = self.scheduling_request(volume, placed).await?;
+        let limits = self.limits().await?;
+        let now = now();
+        match scheduler::schedule_replica(&request, &Self::candidates(snapshot), limits) {
+            Err(why) => {
+                let was = volume.status.as_ref().and_then(|s| condition(&s.conditions, "Scheduled").cloned());
+                if was.is_none_or(|c| c.status != "False" || c.reason != why.reason()) {
+                    let message = format!("cannot place a new replica: {why}");
+                    events::record(&self.store, &name, Warning, "ReplicaUnschedulable", &message).await;
+                }
+                self.set_volume_status(&name, |s| {
+                    set_condition(&mut s.conditions, "Scheduled", false, why.reason(), &why.to_string(), &now);
+                })
+                .await
+            }
+            Ok(pick) => {
+                let replica_name = format!("{name}-r-{}", short_id());
+                let node = snapshot.node(&pick.node).ok_or("scheduled on a node that vanished")?;
+                let spec = ReplicaSpec {
+                    volume_name: name.clone(),
+                    node_id: pick.node.clone(),
+                    disk_id: pick.disk.clone(),
+                    data_path: data_path(&node.spec.disks[&pick.disk].path, &replica_name),
+                    volume_size: volume.spec.size,
+                    desire_state: "running".into(),
+                    ..Default::default()
+                };
+                let mut replica = Replica::new(&replica_name, spec);
+                replica.metadata.labels = Some([("ironhorn.io/volume".to_string(), name.clone())].into());
+                self.store.create(&replica).await.map_err(ds)?;
+                self.set_volume_status(&name, |s| set_condition(&mut s.conditions, "Scheduled", true, "", "", &now)).await?;
+                let message = format!("created replica {replica_name} on node {}", pick.node);
+                events::record(&self.store, &name, Normal, "ReplicaCreated", &message).await;
+                Ok(())
+            }
+        }
+    }
+
+    /// Every replica failed: clear their failed marks, start them again on
+    /// their old stores, and restart the engine with all of them. The engine
+    /// serves from the one with the newest durable state (revision counter,
+    /// epoch) and rebuilds the others from it; it never serves older data
+    /// when newer exists.
+    async fn salvage(
+        &self,
+        snapshot: &Snapshot,
+        volume: &Volume,
+        replicas: &[&Replica],
+        engine: Option<(&Engine, &str)>,
+    ) -> Outcome {
+        let name = volume.name_any();
+        let usable: Vec<&&Replica> =
+            replicas.iter().filter(|r| snapshot.replica_usable(r) && snapshot.data_exists(r) == Some(true)).collect();
+        if usable.is_empty() {
+            return self
+                .set_volume_status(&name, |s| {
+                    s.robustness = "faulted".into();
+                })
+                .await;
+        }
+        if let Some((engine, _)) = engine
+            && let Some(node) = snapshot.node(&engine.spec.node_id)
+        {
+            // An engine with no healthy replica serves nothing; a new one
+            // (new epoch) starts once the replicas run.
+            self.cluster.delete_instance(&node.spec.instance_manager_address, &engine.name_any(), false).await?;
+        }
+        let names: Vec<String> = usable.iter().map(|r| r.name_any()).collect();
+        for r in &usable {
+            self.restart_replica_instance(snapshot, r).await?;
+            update::<Replica, D>(&self.store, &r.name_any(), |r| {
+                let changed = !r.spec.failed_at.is_empty();
+                r.spec.failed_at.clear();
+                changed
+            })
+            .await
+            .map_err(ds)?;
+        }
+        let message = format!(
+            "all replicas failed; salvaging from {}: the engine restarts from the newest durable state and rebuilds the others",
+            names.join(", ")
+        );
+        events::record(&self.store, &name, Warning, "Salvage", &message).await;
+        self.set_volume_status(&name, |s| {
+            s.robustness = "faulted".into();
+            s.state = "attaching".into();
+            s.endpoint.clear();
         })
         .await
     }

@@ -95,8 +95,9 @@ pub struct VolumeSpec {
     /// The node to attach to; "" = detached.
     #[serde(default, rename = "nodeID")]
     pub node_id: String,
-    /// Minutes a failed replica is kept for reuse before it is deleted.
-    #[serde(default = "default_stale_replica_timeout")]
+    /// Minutes a failed replica is kept for reuse before it is deleted;
+    /// 0 = the `stale-replica-timeout` setting.
+    #[serde(default)]
     pub stale_replica_timeout: u64,
     #[serde(default)]
     pub replica_soft_anti_affinity: SoftAntiAffinity,
@@ -110,10 +111,6 @@ pub struct VolumeSpec {
     /// Disk tags every replica's disk must carry.
     #[serde(default)]
     pub disk_selector: Vec<String>,
-}
-
-fn default_stale_replica_timeout() -> u64 {
-    2880
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]

@@ -8,6 +8,8 @@ pub mod cluster;
 pub mod controller;
 pub mod crd;
 pub mod datastore;
+pub mod events;
+pub mod replenish;
 pub mod scheduler;
 pub mod settings;
 pub mod standalone;

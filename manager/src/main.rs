@@ -75,6 +75,17 @@ enum Command {
     Engine(ListOnly),
     #[command(subcommand)]
     Setting(SettingCommand),
+    #[command(subcommand)]
+    Event(EventCommand),
+}
+
+#[derive(Subcommand)]
+enum EventCommand {
+    /// What the controllers decided, oldest first.
+    List {
+        #[arg(long)]
+        volume: Option<String>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -397,6 +408,26 @@ async fn drive(cli: Cli) -> Result<(), String> {
                 })
                 .collect();
             print_table(&["NAME", "VOLUME", "NODE", "EPOCH", "STATE", "REPLICA MODES"], rows);
+            Ok(())
+        }
+        Command::Event(EventCommand::List { volume }) => {
+            let path = match &volume {
+                Some(v) => format!("/v1/events?volume={v}"),
+                None => "/v1/events".to_string(),
+            };
+            let v = call(api, "GET", &path, None).await?;
+            if json_out {
+                print_json(&v);
+            } else {
+                let rows = v
+                    .as_array()
+                    .map(Vec::as_slice)
+                    .unwrap_or_default()
+                    .iter()
+                    .map(|e| vec![s(&e["time"]), s(&e["volume"]), s(&e["type"]), s(&e["reason"]), s(&e["message"])])
+                    .collect();
+                print_table(&["TIME", "VOLUME", "TYPE", "REASON", "MESSAGE"], rows);
+            }
             Ok(())
         }
         Command::Setting(command) => {

@@ -57,6 +57,43 @@ pub const DEFINITIONS: &[Definition] = &[
         description: "replicas of a volume created without --replicas",
     },
     Definition {
+        name: "replica-replenishment-wait-interval",
+        default: "600",
+        kind: Kind::Int,
+        description: "seconds a degraded volume waits for a failed replica to become reusable before a new one is created",
+    },
+    Definition {
+        name: "concurrent-replica-rebuild-per-node-limit",
+        default: "5",
+        kind: Kind::Int,
+        description: "rebuilds that may run at once with their target on one node (0 stops rebuilds)",
+    },
+    Definition {
+        name: "replica-rebuild-retry-max",
+        default: "5",
+        kind: Kind::Int,
+        description: "times one failed replica is reused before it is given up for a new one",
+    },
+    Definition {
+        name: "replica-rebuild-backoff-initial",
+        default: "60",
+        kind: Kind::Int,
+        description: "seconds before the second reuse of a failed replica; doubles per retry",
+    },
+    Definition {
+        name: "replica-rebuild-backoff-max",
+        default: "180",
+        kind: Kind::Int,
+        description: "longest wait, in seconds, between reuses of one failed replica",
+    },
+    Definition {
+        name: "stale-replica-timeout",
+        default: "172800",
+        kind: Kind::Int,
+        description: "seconds a failed, unreused replica is kept before it and its data are deleted \
+                      (a volume's staleReplicaTimeout, in minutes, overrides it when set)",
+    },
+    Definition {
         name: "engine-replica-timeout",
         default: "8",
         kind: Kind::Int,

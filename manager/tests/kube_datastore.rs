@@ -101,6 +101,12 @@ impl Cluster for NoProcesses {
     async fn engine_status(&self, _: &str) -> Result<ironhorn_proto::engine::StatusResponse, String> {
         panic!("no engine exists")
     }
+    async fn engine_replica_add(&self, _: &str, _: &str) -> Result<(), String> {
+        panic!("no engine exists")
+    }
+    async fn engine_replica_remove(&self, _: &str, _: &str) -> Result<(), String> {
+        panic!("no engine exists")
+    }
 }
 
 #[tokio::test]
