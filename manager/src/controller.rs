@@ -440,8 +440,9 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
                 // Reported, never restarted here behind the engine's back:
                 // the replica is marked failed; healing decides what next.
                 if !failed {
-                    tracing::warn!(replica = %name, error = %i.error_message, "replica process failed");
                     self.mark_replica_failed(&name).await?;
+                    let message = format!("replica {name} failed: its process {}", i.error_message);
+                    events::record(&self.store, &replica.spec.volume_name, Warning, "ReplicaFailed", &message).await;
                 }
                 self.set_replica_state(&name, "error", "", &i.error_message).await
             }
@@ -658,8 +659,10 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
                     let replica = by_address.get(r.address.as_str()).copied().unwrap_or(r.address.as_str());
                     modes.insert(replica.to_string(), r.mode.clone());
                 }
-                for r in &s.rebuilds {
-                    rebuilds.insert(r.replica.clone(), r.state.clone());
+                // Newest last, so each address keeps its latest rebuild:
+                // "state@start_ms" (tells one rebuild from the next).
+                for r in s.rebuilds.iter().rev() {
+                    rebuilds.insert(r.replica.clone(), format!("{}@{}", r.state, r.started_unix_ms));
                 }
             }
             Err(e) => error = e.clone(),
@@ -743,23 +746,28 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
         let engine_name = engine.name_any();
         let by_address: HashMap<&str, &str> =
             engine.spec.replica_address_map.iter().map(|(n, a)| (a.as_str(), n.as_str())).collect();
-        let previous_modes = engine.status.as_ref().map(|s| s.replica_mode_map.clone()).unwrap_or_default();
 
-        // Rebuilds that just finished.
-        for r in &report.replicas {
-            let Some(replica) = by_address.get(r.address.as_str()) else { continue };
-            if r.mode == "RW" && previous_modes.get(*replica).is_some_and(|m| m == "WO")
-                && let Some(done) = report.rebuilds.iter().find(|b| b.replica == r.address && b.state == "done")
-            {
-                let seconds = done.finished_unix_ms.saturating_sub(done.started_unix_ms) as f64 / 1000.0;
-                let message = format!(
-                    "rebuild of {replica} finished in {seconds:.1} s, copied {:.1} MiB of {:.1} MiB compared ({})",
-                    done.copied_bytes as f64 / (1 << 20) as f64,
-                    done.compared_bytes as f64 / (1 << 20) as f64,
-                    done.method
-                );
-                events::record(&self.store, &name, Normal, "RebuildFinished", &message).await;
+        // Rebuilds that finished since the last pass (the engine keeps its
+        // recent history; the Engine status remembers what was seen).
+        let seen = engine.status.as_ref().map(|s| s.rebuild_status.clone()).unwrap_or_default();
+        let mut reported_done = BTreeSet::new();
+        for done in report.rebuilds.iter().filter(|b| b.state == "done") {
+            if !reported_done.insert(done.replica.clone()) {
+                continue; // an older rebuild of the same address
             }
+            let key = format!("done@{}", done.started_unix_ms);
+            if seen.get(&done.replica) == Some(&key) {
+                continue;
+            }
+            let replica = by_address.get(done.replica.as_str()).copied().unwrap_or(done.replica.as_str());
+            let seconds = done.finished_unix_ms.saturating_sub(done.started_unix_ms) as f64 / 1000.0;
+            let message = format!(
+                "rebuild of {replica} finished in {seconds:.1} s, copied {:.1} MiB ({}, {:.1} MiB compared)",
+                done.copied_bytes as f64 / (1 << 20) as f64,
+                done.method,
+                done.compared_bytes as f64 / (1 << 20) as f64,
+            );
+            events::record(&self.store, &name, Normal, "RebuildFinished", &message).await;
         }
 
         // Replicas the engine dropped, or the manager saw fail: failed, and
@@ -783,8 +791,14 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
             if let Some(address) = engine.spec.replica_address_map.get(&r.name_any())
                 && !removed.contains(address)
             {
-                if report.replicas.iter().any(|x| x.address == *address) {
-                    self.cluster.engine_replica_remove(engine_address, address).await?;
+                if report.replicas.iter().any(|x| x.address == *address)
+                    && let Err(e) = self.cluster.engine_replica_remove(engine_address, address).await
+                {
+                    // The engine refuses to drop its last healthy replica
+                    // (it has not seen it die yet): the decision below sees
+                    // no healthy replica and salvages.
+                    tracing::info!(volume = %name, replica = %r.name_any(), error = %e, "engine kept a failed replica");
+                    continue;
                 }
                 removed.push(address.clone());
             }
