@@ -1,0 +1,278 @@
+//! Self-healing on a standalone cluster with real processes (durations
+//! shortened through settings): reuse with a delta rebuild, replacement on
+//! another node after the wait interval, bounded retries with growing gaps,
+//! stale-replica cleanup, and salvage from the newest replica.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use ironhorn_proto::instance::instance_manager_client::InstanceManagerClient;
+use ironhorn_proto::instance::{InstanceState, ListRequest};
+use ironhorn_tests::*;
+use serde_json::Value;
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
+}
+
+/// (pid, state) of an instance, from its node's instance manager.
+fn instance(cluster: &StandaloneCluster, node: &str, name: &str) -> Option<(u32, i32)> {
+    let nodes = cluster.json(&["node", "list"]);
+    let im = nodes.as_array()?.iter().find(|n| n["metadata"]["name"] == node)?["spec"]["instanceManagerAddress"]
+        .as_str()?
+        .to_string();
+    runtime().block_on(async {
+        let mut c = InstanceManagerClient::connect(format!("http://{im}")).await.ok()?;
+        let list = c.list(ListRequest {}).await.ok()?.into_inner();
+        list.instances.into_iter().find(|i| i.name == name).map(|i| (i.pid, i.state))
+    })
+}
+
+fn kill9(pid: u32) {
+    // SAFETY: one exact pid, found through the instance manager that started it.
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+}
+
+fn setting(cluster: &StandaloneCluster, name: &str, value: &str) {
+    cluster.cli(&["setting", "set", name, value]).unwrap_or_else(|e| panic!("set {name}: {e}"));
+}
+
+fn engine_status(cluster: &StandaloneCluster, volume: &str) -> Value {
+    let engines = cluster.json(&["engine", "list"]);
+    let engine = engines.as_array().unwrap().iter().find(|e| e["spec"]["volumeName"] == volume).expect("engine").clone();
+    let address = engine["status"]["address"].as_str().expect("engine address").to_string();
+    serde_json::from_str(&engine_cli(&["status", "--engine", &address]).expect("engine status")).unwrap()
+}
+
+fn events(cluster: &StandaloneCluster, volume: &str) -> Vec<Value> {
+    cluster.json(&["event", "list", "--volume", volume]).as_array().cloned().unwrap_or_default()
+}
+
+fn has_event(cluster: &StandaloneCluster, volume: &str, reason: &str, text: &str) -> bool {
+    events(cluster, volume).iter().any(|e| e["reason"] == reason && e["message"].as_str().unwrap_or("").contains(text))
+}
+
+fn healthy(cluster: &StandaloneCluster, volume: &str) -> bool {
+    let v = cluster.volume(volume);
+    v["status"]["state"] == "attached" && v["status"]["robustness"] == "healthy"
+}
+
+fn fio(endpoint: &str, size: &str, extra: &[&str]) -> Command {
+    require_tool("fio", "fio");
+    let mut cmd = Command::new("fio");
+    cmd.args([
+        "--name=heal",
+        "--ioengine=nbd",
+        &format!("--uri={endpoint}"),
+        "--rw=randwrite",
+        "--bs=4k",
+        &format!("--size={size}"),
+        "--iodepth=8",
+        "--verify=crc32c",
+        "--do_verify=1",
+        "--verify_fatal=1",
+    ]);
+    cmd.args(extra);
+    cmd
+}
+
+fn check(out: std::process::Output, what: &str) {
+    assert!(
+        out.status.success(),
+        "{what}:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn qemu_io(endpoint: &str, command: &str) -> Result<String, String> {
+    require_tool("qemu-io", "qemu-utils");
+    let out = Command::new("qemu-io").args(["-f", "raw", endpoint, "-c", command]).output().map_err(|e| e.to_string())?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    if out.status.success() && !text.contains("failed") && !text.contains("error") { Ok(text) } else { Err(text) }
+}
+
+/// A 3-replica volume attached on n-1 (endpoint returned).
+fn attached_volume(cluster: &StandaloneCluster, name: &str, size: &str) -> String {
+    cluster.cli(&["volume", "create", name, "--size", size, "--replicas", "3"]).unwrap();
+    let endpoint = cluster.cli(&["volume", "attach", name, "--node", "n-1"]).unwrap().trim().to_string();
+    cluster.wait(Duration::from_secs(30), "volume healthy", || healthy(cluster, name));
+    endpoint
+}
+
+/// A replica of `volume` not on the engine's node: (name, node).
+fn remote_replica(cluster: &StandaloneCluster, volume: &str) -> (String, String) {
+    let r = cluster.replicas_of(volume).into_iter().find(|r| r["spec"]["nodeID"] != "n-1").expect("a remote replica");
+    (r["metadata"]["name"].as_str().unwrap().to_string(), r["spec"]["nodeID"].as_str().unwrap().to_string())
+}
+
+#[test]
+fn a_killed_replica_is_reused_with_a_delta_rebuild_under_fio() {
+    let cluster = StandaloneCluster::start("heal-reuse", 3, 26500, "2GiB");
+    let endpoint = attached_volume(&cluster, "v1", "512MiB");
+    let (victim, node) = remote_replica(&cluster, "v1");
+    let store_before = cluster.replicas_of("v1").iter().find(|r| r["metadata"]["name"] == victim.as_str()).unwrap()["spec"]["dataPath"].clone();
+    // Fill half the volume first, flushed (what a replica acknowledged but
+    // did not flush is copied again, by design), so a full copy would show.
+    check(fio(&endpoint, "256M", &["--rw=write", "--bs=1M", "--end_fsync=1"]).output().unwrap(), "fill");
+
+    let child = fio(&endpoint, "64M", &[]).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(800));
+    let (pid, _) = instance(&cluster, &node, &victim).expect("victim instance");
+    kill9(pid);
+    check(child.wait_with_output().unwrap(), "fio verify across a replica kill");
+
+    cluster.wait(Duration::from_secs(60), "the same replica reused and the volume healthy", || {
+        healthy(&cluster, "v1") && has_event(&cluster, "v1", "RebuildFinished", &victim)
+    });
+    let replicas = cluster.replicas_of("v1");
+    assert_eq!(replicas.len(), 3, "no new replica was created");
+    let r = replicas.iter().find(|r| r["metadata"]["name"] == victim.as_str()).expect("the same replica");
+    assert_eq!(r["spec"]["rebuildRetryCount"], 1);
+    assert_eq!(r["spec"]["dataPath"], store_before, "the same LV");
+    assert!(cluster.lvs(&node).contains(&victim));
+    assert!(has_event(&cluster, "v1", "ReplicaReused", &format!("reused replica {victim} (retry 1)")));
+    // A delta: the rebuild copied a small part of the 512 MiB volume.
+    let status = engine_status(&cluster, "v1");
+    let rebuild = status["rebuilds"].as_array().unwrap().iter().find(|b| b["state"] == "done").expect("a finished rebuild").clone();
+    let copied = rebuild["copied_bytes"].as_u64().unwrap();
+    // The fio run touched only the first 64 MiB after the last flush.
+    assert!(copied <= 64 << 20, "delta rebuild copied {copied} bytes: {rebuild}");
+    assert_eq!(rebuild["method"], "dirty-map", "{rebuild}");
+    // And the data verifies through all replicas.
+    check(fio(&endpoint, "64M", &["--rw=randread", "--verify_only=1"]).output().unwrap(), "verify after rebuild");
+}
+
+#[test]
+fn a_dead_node_is_replaced_on_the_fourth_node_after_the_wait_interval_one_rebuild_at_a_time() {
+    let cluster = StandaloneCluster::start("heal-node", 4, 27000, "2GiB");
+    setting(&cluster, "replica-replenishment-wait-interval", "8");
+    let endpoint = attached_volume(&cluster, "v1", "256MiB");
+    check(fio(&endpoint, "64M", &[]).output().unwrap(), "write");
+    let used: Vec<String> = cluster.replicas_of("v1").iter().map(|r| r["spec"]["nodeID"].as_str().unwrap().to_string()).collect();
+    let spare = ["n-1", "n-2", "n-3", "n-4"].into_iter().find(|n| !used.iter().any(|u| u == n)).unwrap().to_string();
+    let (victim, dead) = remote_replica(&cluster, "v1");
+
+    // The node dies: its instance manager for good, and its replica with it.
+    let (replica_pid, _) = instance(&cluster, &dead, &victim).unwrap();
+    let im_pid: i32 = std::fs::read_to_string(cluster.dir.path().join(format!("data/nodes/{dead}/im.pid"))).unwrap().trim().parse().unwrap();
+    // SAFETY: the exact pid `up` recorded for this node's instance manager.
+    unsafe { libc::kill(im_pid, libc::SIGKILL) };
+    kill9(replica_pid);
+    let killed = Instant::now();
+    // I/O carries on with two replicas.
+    check(fio(&endpoint, "32M", &["--offset=128M"]).output().unwrap(), "write while degraded");
+    cluster.wait(Duration::from_secs(60), "a new replica on the spare node, healthy again", || {
+        healthy(&cluster, "v1")
+            && cluster.replicas_of("v1").iter().any(|r| r["spec"]["nodeID"] == spare.as_str() && r["spec"]["failedAt"] == "")
+    });
+    assert!(killed.elapsed() >= Duration::from_secs(8), "created only after the wait interval");
+    assert!(has_event(&cluster, "v1", "ReplicaCreated", &format!("on node {spare}")));
+    // At no moment two rebuilds at once: the engine's history has no overlap.
+    let status = engine_status(&cluster, "v1");
+    let mut spans: Vec<(u64, u64)> = status["rebuilds"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| (b["started_unix_ms"].as_u64().unwrap(), b["finished_unix_ms"].as_u64().unwrap_or(u64::MAX)))
+        .collect();
+    spans.sort();
+    for pair in spans.windows(2) {
+        assert!(pair[0].1 <= pair[1].0, "overlapping rebuilds: {spans:?}");
+    }
+    check(fio(&endpoint, "64M", &["--rw=randread", "--verify_only=1"]).output().unwrap(), "verify");
+    // The dead node's replica stays failed (its node cannot be asked to
+    // delete its LV); it is not counted as healthy.
+    let r = cluster.replicas_of("v1").into_iter().find(|r| r["metadata"]["name"] == victim.as_str()).unwrap();
+    assert_ne!(r["spec"]["failedAt"], "");
+}
+
+#[test]
+fn a_replica_that_keeps_failing_is_reused_five_times_with_growing_gaps_then_replaced_and_cleaned_up() {
+    let cluster = StandaloneCluster::start("heal-retry", 3, 27500, "2GiB");
+    setting(&cluster, "replica-rebuild-backoff-initial", "2");
+    setting(&cluster, "replica-rebuild-backoff-max", "6");
+    setting(&cluster, "stale-replica-timeout", "12");
+    let endpoint = attached_volume(&cluster, "v1", "128MiB");
+    check(fio(&endpoint, "32M", &[]).output().unwrap(), "write");
+    let (victim, node) = remote_replica(&cluster, "v1");
+
+    let mut kills = Vec::new();
+    for retry in 0..=5 {
+        // Kill it once it runs as a healthy member again.
+        cluster.wait(Duration::from_secs(60), &format!("{victim} healthy before kill {retry}"), || {
+            let r = cluster.replicas_of("v1").into_iter().find(|r| r["metadata"]["name"] == victim.as_str()).unwrap();
+            r["spec"]["rebuildRetryCount"] == retry && r["spec"]["failedAt"] == "" && healthy(&cluster, "v1")
+        });
+        let (pid, state) = instance(&cluster, &node, &victim).unwrap();
+        assert_eq!(state, InstanceState::Running as i32);
+        kill9(pid);
+        kills.push(Instant::now());
+    }
+    // Out of retries: a new replica replaces it.
+    cluster.wait(Duration::from_secs(60), "a new replica and healthy", || {
+        healthy(&cluster, "v1") && has_event(&cluster, "v1", "ReplicaCreated", "created replica")
+    });
+    let r = cluster.replicas_of("v1").into_iter().find(|r| r["metadata"]["name"] == victim.as_str());
+    if let Some(r) = &r {
+        assert_eq!(r["spec"]["rebuildRetryCount"], 5, "reused at most 5 times");
+        assert_ne!(r["spec"]["failedAt"], "");
+    }
+    // Growing gaps: each reuse came at least its backoff after the failure.
+    let evs = events(&cluster, "v1");
+    let time = |e: &Value| e["time"].as_str().unwrap().parse::<jiff::Timestamp>().unwrap();
+    let mut gaps = Vec::new();
+    for retry in 1..=5 {
+        let reused = evs.iter().find(|e| e["message"] == format!("reused replica {victim} (retry {retry})").as_str()).expect("reuse event");
+        let failed = evs.iter().filter(|e| e["reason"] == "ReplicaFailed" && time(e) <= time(reused)).last().expect("failure before reuse");
+        gaps.push((time(reused).as_second() - time(failed).as_second()) as u64);
+    }
+    let backoffs = [0u64, 2, 4, 6, 6];
+    for (gap, backoff) in gaps.iter().zip(backoffs) {
+        assert!(*gap + 1 >= backoff, "gaps {gaps:?} shorter than the backoff {backoffs:?}");
+    }
+    assert!(gaps[3] > gaps[0] && gaps[4] > gaps[1], "gaps grow: {gaps:?}");
+    assert!(!has_event(&cluster, "v1", "ReplicaReused", "(retry 6)"));
+
+    // The replaced replica is stale: after the timeout it and its LV go.
+    cluster.wait(Duration::from_secs(60), "the stale replica and its LV deleted", || {
+        cluster.replicas_of("v1").iter().all(|r| r["metadata"]["name"] != victim.as_str()) && !cluster.lvs(&node).contains(&victim)
+    });
+    assert!(has_event(&cluster, "v1", "StaleReplicaDeleted", &victim));
+    assert_eq!(cluster.replicas_of("v1").len(), 3);
+    check(fio(&endpoint, "32M", &["--rw=randread", "--verify_only=1"]).output().unwrap(), "verify");
+}
+
+#[test]
+fn all_replicas_killed_the_volume_is_salvaged_from_the_newest() {
+    let cluster = StandaloneCluster::start("heal-salvage", 3, 28000, "2GiB");
+    let endpoint = attached_volume(&cluster, "v1", "128MiB");
+    // No rebuilds while the replicas drift apart.
+    setting(&cluster, "concurrent-replica-rebuild-per-node-limit", "0");
+    let replicas: Vec<(String, String)> = cluster
+        .replicas_of("v1")
+        .iter()
+        .map(|r| (r["metadata"]["name"].as_str().unwrap().to_string(), r["spec"]["nodeID"].as_str().unwrap().to_string()))
+        .collect();
+    for (i, (name, node)) in replicas.iter().enumerate() {
+        // Each generation reaches the replicas still alive, then one dies.
+        let pattern = format!("0x{}{}", i + 1, i + 1);
+        qemu_io(&endpoint, &format!("write -P {pattern} 0 8M")).expect("write");
+        qemu_io(&endpoint, "flush").expect("flush");
+        let (pid, _) = instance(&cluster, node, name).unwrap();
+        kill9(pid);
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    setting(&cluster, "concurrent-replica-rebuild-per-node-limit", "5");
+    cluster.wait(Duration::from_secs(90), "salvaged and healthy", || {
+        healthy(&cluster, "v1") && has_event(&cluster, "v1", "Salvage", "salvaging from")
+    });
+    let endpoint = cluster.volume("v1")["status"]["endpoint"].as_str().unwrap().to_string();
+    // The newest data (written last, held only by the replica killed last).
+    qemu_io(&endpoint, "read -P 0x33 0 8M").expect("the newest data is served");
+    // Every replica now holds it: read three times (reads rotate over them).
+    for _ in 0..3 {
+        qemu_io(&endpoint, "read -P 0x33 0 8M").expect("every replica rebuilt from the newest");
+    }
+    assert_eq!(cluster.replicas_of("v1").len(), 3, "the same three replicas");
+}
