@@ -571,6 +571,19 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
                 // Every replica failed: nothing to start an engine with.
                 return self.salvage(snapshot, volume, replicas, None).await;
             }
+            // A healthy replica on an unreachable node would hold the volume
+            // back for as long as the node is away: it is failed instead (its
+            // data may come back for a delta rebuild). Healthy replicas were
+            // all in step when last seen, so any of them serves current data.
+            let away: Vec<&&Replica> = healthy.iter().filter(|r| !snapshot.node_ready(&r.spec.node_id)).copied().collect();
+            if !away.is_empty() && away.len() < healthy.len() {
+                for r in away {
+                    self.mark_replica_failed(&r.name_any()).await?;
+                    let message = format!("replica {} failed: node {} unreachable while the engine starts", r.name_any(), r.spec.node_id);
+                    events::record(&self.store, &name, Warning, "ReplicaFailed", &message).await;
+                }
+                return Ok(());
+            }
             // (Re)start the engine: every healthy replica must be up first.
             if running.is_empty() || running.len() < healthy.len() {
                 return self

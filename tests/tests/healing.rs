@@ -276,3 +276,22 @@ fn all_replicas_killed_the_volume_is_salvaged_from_the_newest() {
     }
     assert_eq!(cluster.replicas_of("v1").len(), 3, "the same three replicas");
 }
+
+#[test]
+fn attach_goes_ahead_without_a_replica_whose_node_is_gone() {
+    let cluster = StandaloneCluster::start("heal-attach", 3, 28500, "1GiB");
+    let endpoint = attached_volume(&cluster, "v1", "64MiB");
+    qemu_io(&endpoint, "write -P 0x5a 0 4M").expect("write");
+    cluster.cli(&["volume", "detach", "v1"]).unwrap();
+    let (victim, dead) = remote_replica(&cluster, "v1");
+    let (replica_pid, _) = instance(&cluster, &dead, &victim).unwrap();
+    let im_pid: i32 = std::fs::read_to_string(cluster.dir.path().join(format!("data/nodes/{dead}/im.pid"))).unwrap().trim().parse().unwrap();
+    // SAFETY: the exact pid `up` recorded for this node's instance manager.
+    unsafe { libc::kill(im_pid, libc::SIGKILL) };
+    kill9(replica_pid);
+    // Not stuck attaching: the engine starts with the two that are there.
+    let endpoint = cluster.cli(&["volume", "attach", "v1", "--node", "n-1", "--timeout-secs", "60"]).expect("attach").trim().to_string();
+    qemu_io(&endpoint, "read -P 0x5a 0 4M").expect("data served");
+    assert!(has_event(&cluster, "v1", "ReplicaFailed", &format!("node {dead} unreachable")));
+    cluster.wait(Duration::from_secs(20), "degraded, not faulted", || cluster.volume("v1")["status"]["robustness"] == "degraded");
+}
