@@ -449,14 +449,7 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
             Some(i) => self.set_replica_state(&name, state_name(i.state), &i.address, "").await,
             None if failed => self.set_replica_state(&name, "stopped", "", "").await,
             None => {
-                let request = pb::CreateRequest {
-                    name: name.clone(),
-                    spec: Some(pb::create_request::Spec::Replica(pb::ReplicaSpec {
-                        store: replica.spec.data_path.clone(),
-                        size_bytes: replica.spec.volume_size,
-                    })),
-                };
-                let created = self.cluster.create_instance(im, request).await?;
+                let created = self.cluster.create_instance(im, replica_instance_request(replica)).await?;
                 tracing::info!(replica = %name, node = %replica.spec.node_id, store = %replica.spec.data_path, "replica started");
                 self.set_replica_state(&name, state_name(created.state), &created.address, "").await
             }
@@ -1000,14 +993,7 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
             }
             self.cluster.delete_instance(im, &name, false).await?;
         }
-        let request = pb::CreateRequest {
-            name: name.clone(),
-            spec: Some(pb::create_request::Spec::Replica(pb::ReplicaSpec {
-                store: replica.spec.data_path.clone(),
-                size_bytes: replica.spec.volume_size,
-            })),
-        };
-        self.cluster.create_instance(im, request).await.map(drop)
+        self.cluster.create_instance(im, replica_instance_request(replica)).await.map(drop)
     }
 
     async fn create_replacement(&self, snapshot: &Snapshot, volume: &Volume, replicas: &[&Replica]) -> Outcome {
@@ -1154,6 +1140,17 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
         self.store.delete::<Replica>(&name).await.map_err(ds)?;
         tracing::info!(replica = %name, store = %replica.spec.data_path, "replica and its store deleted");
         Ok(())
+    }
+}
+
+/// The instance that serves a replica: its store, its size.
+fn replica_instance_request(replica: &Replica) -> pb::CreateRequest {
+    pb::CreateRequest {
+        name: replica.name_any(),
+        spec: Some(pb::create_request::Spec::Replica(pb::ReplicaSpec {
+            store: replica.spec.data_path.clone(),
+            size_bytes: replica.spec.volume_size,
+        })),
     }
 }
 

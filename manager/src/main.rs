@@ -238,6 +238,25 @@ async fn wait_for(api: &str, name: &str, timeout: Duration, done: impl Fn(Option
     }
 }
 
+/// GETs a list and prints it as JSON or as a table of (header, dotted path).
+async fn list_objects(api: &str, path: &str, json_out: bool, columns: &[(&str, &str)]) -> Result<(), String> {
+    let v = call(api, "GET", path, None).await?;
+    if json_out {
+        println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+        return Ok(());
+    }
+    let field = |o: &Value, path: &str| s(path.split('.').fold(o, |v, key| &v[key]));
+    let rows = v
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .map(|o| columns.iter().map(|(_, path)| field(o, path)).collect())
+        .collect();
+    print_table(&columns.iter().map(|(h, _)| *h).collect::<Vec<_>>(), rows);
+    Ok(())
+}
+
 async fn drive(cli: Cli) -> Result<(), String> {
     let api = cli.api.as_str();
     let json_out = cli.output == Output::Json;
@@ -360,55 +379,28 @@ async fn drive(cli: Cli) -> Result<(), String> {
             Ok(())
         }
         Command::Replica(ListOnly::List) => {
-            let v = call(api, "GET", "/v1/replicas", None).await?;
-            if json_out {
-                print_json(&v);
-                return Ok(());
-            }
-            let rows = v
-                .as_array()
-                .map(Vec::as_slice)
-                .unwrap_or_default()
-                .iter()
-                .map(|r| {
-                    vec![
-                        s(&r["metadata"]["name"]),
-                        s(&r["spec"]["volumeName"]),
-                        s(&r["spec"]["nodeID"]),
-                        s(&r["spec"]["dataPath"]),
-                        s(&r["status"]["currentState"]),
-                        s(&r["status"]["address"]),
-                        s(&r["spec"]["failedAt"]),
-                    ]
-                })
-                .collect();
-            print_table(&["NAME", "VOLUME", "NODE", "STORE", "STATE", "ADDRESS", "FAILED AT"], rows);
-            Ok(())
+            let columns = [
+                ("NAME", "metadata.name"),
+                ("VOLUME", "spec.volumeName"),
+                ("NODE", "spec.nodeID"),
+                ("STORE", "spec.dataPath"),
+                ("STATE", "status.currentState"),
+                ("ADDRESS", "status.address"),
+                ("RETRIES", "spec.rebuildRetryCount"),
+                ("FAILED AT", "spec.failedAt"),
+            ];
+            list_objects(api, "/v1/replicas", json_out, &columns).await
         }
         Command::Engine(ListOnly::List) => {
-            let v = call(api, "GET", "/v1/engines", None).await?;
-            if json_out {
-                print_json(&v);
-                return Ok(());
-            }
-            let rows = v
-                .as_array()
-                .map(Vec::as_slice)
-                .unwrap_or_default()
-                .iter()
-                .map(|e| {
-                    vec![
-                        s(&e["metadata"]["name"]),
-                        s(&e["spec"]["volumeName"]),
-                        s(&e["spec"]["nodeID"]),
-                        s(&e["spec"]["epoch"]),
-                        s(&e["status"]["currentState"]),
-                        s(&e["status"]["replicaModeMap"]),
-                    ]
-                })
-                .collect();
-            print_table(&["NAME", "VOLUME", "NODE", "EPOCH", "STATE", "REPLICA MODES"], rows);
-            Ok(())
+            let columns = [
+                ("NAME", "metadata.name"),
+                ("VOLUME", "spec.volumeName"),
+                ("NODE", "spec.nodeID"),
+                ("EPOCH", "spec.epoch"),
+                ("STATE", "status.currentState"),
+                ("REPLICA MODES", "status.replicaModeMap"),
+            ];
+            list_objects(api, "/v1/engines", json_out, &columns).await
         }
         Command::Event(EventCommand::List { volume }) => {
             let path = match &volume {

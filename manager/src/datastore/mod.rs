@@ -89,33 +89,33 @@ const RETRIES: usize = 8;
 pub async fn update_status<K: Object, D: Datastore>(
     store: &D,
     name: &str,
-    mut change: impl FnMut(&mut K) -> bool,
+    change: impl FnMut(&mut K) -> bool,
 ) -> Result<Option<K>> {
-    for _ in 0..RETRIES {
-        let Some(mut object) = store.get::<K>(name).await? else { return Ok(None) };
-        if !change(&mut object) {
-            return Ok(Some(object));
-        }
-        match store.replace_status(&object).await {
-            Err(Error::Conflict { .. }) => continue,
-            other => return other.map(Some),
-        }
-    }
-    Err(Error::Conflict { kind: K::kind(&()).to_string(), name: name.to_string() })
+    read_modify_write(store, name, change, true).await
 }
 
 /// Read-modify-write of an object's metadata and spec, retried on conflict.
 pub async fn update<K: Object, D: Datastore>(
     store: &D,
     name: &str,
+    change: impl FnMut(&mut K) -> bool,
+) -> Result<Option<K>> {
+    read_modify_write(store, name, change, false).await
+}
+
+async fn read_modify_write<K: Object, D: Datastore>(
+    store: &D,
+    name: &str,
     mut change: impl FnMut(&mut K) -> bool,
+    status: bool,
 ) -> Result<Option<K>> {
     for _ in 0..RETRIES {
         let Some(mut object) = store.get::<K>(name).await? else { return Ok(None) };
         if !change(&mut object) {
             return Ok(Some(object));
         }
-        match store.replace(&object).await {
+        let written = if status { store.replace_status(&object).await } else { store.replace(&object).await };
+        match written {
             Err(Error::Conflict { .. }) => continue,
             other => return other.map(Some),
         }
