@@ -292,6 +292,10 @@ fn attach_goes_ahead_without_a_replica_whose_node_is_gone() {
     // Not stuck attaching: the engine starts with the two that are there.
     let endpoint = cluster.cli(&["volume", "attach", "v1", "--node", "n-1", "--timeout-secs", "60"]).expect("attach").trim().to_string();
     qemu_io(&endpoint, "read -P 0x5a 0 4M").expect("data served");
-    assert!(has_event(&cluster, "v1", "ReplicaFailed", &format!("node {dead} unreachable")));
+    assert!(
+        has_event(&cluster, "v1", "ReplicaFailed", &format!("node {dead} unreachable")),
+        "{:#?}",
+        events(&cluster, "v1")
+    );
     cluster.wait(Duration::from_secs(20), "degraded, not faulted", || cluster.volume("v1")["status"]["robustness"] == "degraded");
 }
