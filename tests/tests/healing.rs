@@ -289,6 +289,16 @@ fn attach_goes_ahead_without_a_replica_whose_node_is_gone() {
     // SAFETY: the exact pid `up` recorded for this node's instance manager.
     unsafe { libc::kill(im_pid, libc::SIGKILL) };
     kill9(replica_pid);
+    // The manager has seen the node go (else a pass that listed instances
+    // just before the kill may start the engine with all three, and the
+    // engine drops the dead one: also fine, but not this test's case).
+    cluster.wait(Duration::from_secs(20), "the node reported not ready", || {
+        let nodes = cluster.json(&["node", "list"]);
+        nodes.as_array().unwrap().iter().any(|n| {
+            n["metadata"]["name"] == dead.as_str()
+                && n["status"]["conditions"].as_array().is_some_and(|c| c.iter().any(|c| c["type"] == "Ready" && c["status"] == "False"))
+        })
+    });
     // Not stuck attaching: the engine starts with the two that are there.
     let endpoint = cluster.cli(&["volume", "attach", "v1", "--node", "n-1", "--timeout-secs", "60"]).expect("attach").trim().to_string();
     qemu_io(&endpoint, "read -P 0x5a 0 4M").expect("data served");
