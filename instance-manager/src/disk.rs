@@ -10,6 +10,7 @@ pub struct DiskStatus {
     pub total_bytes: u64,
     pub free_bytes: u64,
     pub stores: Vec<String>,
+    pub stores_bytes: u64,
 }
 
 pub fn status(disk: &str) -> Result<DiskStatus, String> {
@@ -20,20 +21,24 @@ pub fn status(disk: &str) -> Result<DiskStatus, String> {
             total_bytes: info.size_bytes,
             free_bytes: info.free_bytes,
             stores: stores.into_iter().map(|lv| format!("lvm:{vg}/{lv}")).collect(),
+            stores_bytes: info.size_bytes - info.free_bytes,
         });
     }
     if let Some(dir) = disk.strip_prefix("file:") {
         let (total_bytes, free_bytes) = statvfs(Path::new(dir))?;
         let mut stores = Vec::new();
+        let mut stores_bytes = 0;
         let entries = std::fs::read_dir(dir).map_err(|e| format!("disk {dir}: {e}"))?;
         for entry in entries.flatten() {
             let path = entry.path();
             if path.extension().is_some_and(|x| x == "img") {
+                // The file's length: a sparse store may grow to it.
+                stores_bytes += entry.metadata().map(|m| m.len()).unwrap_or(0);
                 stores.push(format!("file:{}", path.display()));
             }
         }
         stores.sort();
-        return Ok(DiskStatus { total_bytes, free_bytes, stores });
+        return Ok(DiskStatus { total_bytes, free_bytes, stores, stores_bytes });
     }
     Err(format!("disk {disk:?}: expected lvm:VG or file:DIRECTORY"))
 }

@@ -593,6 +593,7 @@ impl InstanceManager for InstanceManagerService {
             total_bytes: status.total_bytes,
             free_bytes: status.free_bytes,
             stores: status.stores,
+            stores_bytes: status.stores_bytes,
         }))
     }
 

@@ -224,8 +224,9 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
                 snapshot.disks.get(&(name.clone(), disk_name.clone())).cloned().unwrap_or(Err("not listed".into()));
             match disk_reply {
                 Ok(reply) => {
-                    status.storage_maximum = reply.total_bytes;
-                    status.storage_available = reply.free_bytes;
+                    let (maximum, available) = disk_capacity(&reply, disk.storage_maximum);
+                    status.storage_maximum = maximum;
+                    status.storage_available = available;
                     set_condition(&mut conditions, "Ready", true, "", "", &now);
                     let usable = reply.total_bytes.saturating_sub(disk.storage_reserved);
                     let schedulable = disk.allow_scheduling && usable > 0;
@@ -1141,6 +1142,14 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
         tracing::info!(replica = %name, store = %replica.spec.data_path, "replica and its store deleted");
         Ok(())
     }
+}
+
+/// A disk's (maximum, available) bytes: its source's, or within its cap.
+pub fn disk_capacity(reply: &pb::DiskStatusResponse, cap: u64) -> (u64, u64) {
+    if cap == 0 || cap >= reply.total_bytes {
+        return (reply.total_bytes, reply.free_bytes);
+    }
+    (cap, reply.free_bytes.min(cap.saturating_sub(reply.stores_bytes)))
 }
 
 /// The instance that serves a replica: its store, its size.

@@ -241,6 +241,10 @@ pub struct DiskSpec {
     /// Bytes kept free for other uses.
     #[serde(default)]
     pub storage_reserved: u64,
+    /// Use at most this many bytes of the source (0 = all of it): a file disk
+    /// on a shared filesystem counts its stores against this cap.
+    #[serde(default)]
+    pub storage_maximum: u64,
     #[serde(default)]
     pub tags: Vec<String>,
 }

@@ -40,13 +40,13 @@ pub const DEFINITIONS: &[Definition] = &[
     },
     Definition {
         name: "replica-zone-soft-anti-affinity",
-        default: "true",
+        default: "false",
         kind: Kind::Bool,
         description: "allow replicas of one volume in the same zone when no other zone fits",
     },
     Definition {
         name: "replica-disk-soft-anti-affinity",
-        default: "true",
+        default: "false",
         kind: Kind::Bool,
         description: "allow replicas of one volume on the same disk when no other disk fits",
     },

@@ -185,10 +185,17 @@ async fn start_node(config: &UpConfig, index: usize, use_lvm: bool) -> Result<(N
     Ok((NodeProcess { name, dir, im_address, loop_device }, disk_path))
 }
 
-async fn register_node(store: &EmbeddedStore, name: &str, im_address: &str, disk_path: &str) -> Result<(), String> {
+async fn register_node(
+    store: &EmbeddedStore,
+    name: &str,
+    im_address: &str,
+    disk_path: &str,
+    cap: u64,
+) -> Result<(), String> {
     match store.get::<Node>(name).await.map_err(|e| e.to_string())? {
         Some(existing) => {
-            let disk_ok = existing.spec.disks.get("disk-1").is_some_and(|d| d.path == disk_path);
+            let disk_ok =
+                existing.spec.disks.get("disk-1").is_some_and(|d| d.path == disk_path && d.storage_maximum == cap);
             if existing.spec.instance_manager_address != im_address || !disk_ok {
                 let (address, path) = (im_address.to_string(), disk_path.to_string());
                 crate::datastore::update::<Node, _>(store, name, |n| {
@@ -197,9 +204,12 @@ async fn register_node(store: &EmbeddedStore, name: &str, im_address: &str, disk
                         path: path.clone(),
                         allow_scheduling: true,
                         storage_reserved: 0,
+                        storage_maximum: cap,
                         tags: vec![],
                     });
-                    n.spec.disks.get_mut("disk-1").expect("inserted").path = path.clone();
+                    let disk = n.spec.disks.get_mut("disk-1").expect("inserted");
+                    disk.path = path.clone();
+                    disk.storage_maximum = cap;
                     true
                 })
                 .await
@@ -207,7 +217,13 @@ async fn register_node(store: &EmbeddedStore, name: &str, im_address: &str, disk
             }
         }
         None => {
-            let disk = DiskSpec { path: disk_path.to_string(), allow_scheduling: true, storage_reserved: 0, tags: vec![] };
+            let disk = DiskSpec {
+                path: disk_path.to_string(),
+                allow_scheduling: true,
+                storage_reserved: 0,
+                storage_maximum: cap,
+                tags: vec![],
+            };
             let spec = NodeSpec {
                 allow_scheduling: true,
                 tags: vec![],
@@ -268,7 +284,10 @@ pub async fn up(config: UpConfig) -> Result<(), String> {
     for index in 1..=config.nodes {
         match start_node(&config, index, use_lvm).await {
             Ok((node, disk_path)) => {
-                register_node(&store, &node.name, &node.im_address, &disk_path).await?;
+                // A file disk shares its filesystem: it counts against
+                // --disk-size, as an LVM disk's VG is that size.
+                let cap = if use_lvm { 0 } else { config.disk_size };
+                register_node(&store, &node.name, &node.im_address, &disk_path, cap).await?;
                 println!("node {}: instance manager {} disk {disk_path}", node.name, node.im_address);
                 nodes.push(node);
             }

@@ -544,11 +544,17 @@ pub struct StandaloneCluster {
     pub port_base: u16,
     pub nodes: usize,
     disk_size: String,
+    extra: Vec<String>,
     up: Option<Process>,
 }
 
 impl StandaloneCluster {
     pub fn start(tag: &str, nodes: usize, port_base: u16, disk_size: &str) -> StandaloneCluster {
+        Self::start_with(tag, nodes, port_base, disk_size, &[])
+    }
+
+    /// `start` with more arguments for `ironhorn up` (e.g. `--file-disks`).
+    pub fn start_with(tag: &str, nodes: usize, port_base: u16, disk_size: &str, extra: &[&str]) -> StandaloneCluster {
         require_root();
         require_tool("lvcreate", "lvm2");
         require_tool("losetup", "mount");
@@ -559,6 +565,7 @@ impl StandaloneCluster {
             port_base,
             nodes,
             disk_size: disk_size.to_string(),
+            extra: extra.iter().map(|s| s.to_string()).collect(),
             up: None,
         };
         cluster.start_up();
@@ -598,6 +605,7 @@ impl StandaloneCluster {
         ]
         .iter()
         .map(|s| s.to_string())
+        .chain(self.extra.iter().cloned())
         .collect();
         Process::start("up", &binary("ironhorn"), &args, self.dir.path())
     }

@@ -22,6 +22,7 @@ fn fio_verify(endpoint: &str, size: &str) -> Command {
         "--verify=crc32c",
         "--do_verify=1",
         "--verify_fatal=1",
+        "--verify_state_save=0",
     ]);
     cmd
 }
@@ -269,4 +270,40 @@ fn stopping_up_stops_everything_and_the_next_up_brings_volumes_back() {
     let mut verify_only = fio_verify(&endpoint, "32M");
     verify_only.args(["--rw=randread", "--verify_only=1"]);
     run_ok(verify_only);
+}
+
+#[test]
+fn file_disks_count_their_stores_against_the_disk_size() {
+    let cluster = StandaloneCluster::start_with("up-files", 3, 26000, "1GiB", &["--file-disks"]);
+    let disks = cluster.disks();
+    assert!(disks.values().all(|d| d.starts_with("file:")), "{disks:?}");
+    let before = free_bytes(&cluster);
+    let nodes = cluster.json(&["node", "list"]);
+    for n in nodes.as_array().unwrap() {
+        assert_eq!(n["status"]["diskStatus"]["disk-1"]["storageMaximum"], 1u64 << 30, "capped at --disk-size");
+    }
+    cluster.cli(&["volume", "create", "f1", "--size", "128MiB", "--replicas", "3"]).unwrap();
+    let endpoint = cluster.cli(&["volume", "attach", "f1", "--node", "n-2"]).expect("attach").trim().to_string();
+    run_ok(fio_verify(&endpoint, "64M"));
+    for r in cluster.replicas_of("f1") {
+        let store = r["spec"]["dataPath"].as_str().unwrap().to_string();
+        let path = store.strip_prefix("file:").expect("a file store");
+        assert!(std::path::Path::new(path).is_file(), "{path}");
+    }
+    cluster.wait(Duration::from_secs(20), "the stores count against each disk", || {
+        free_bytes(&cluster).iter().zip(&before).all(|((_, free, _), (_, was, _))| *free + (128 << 20) <= *was)
+    });
+    // Too big for a 1 GiB file disk, whatever the filesystem holds.
+    cluster.cli(&["volume", "create", "big", "--size", "900MiB", "--replicas", "1"]).unwrap();
+    cluster.wait(Duration::from_secs(30), "big unscheduled for insufficient storage", || {
+        cluster.volume("big")["status"]["conditions"].as_array().is_some_and(|c| {
+            c.iter().any(|c| c["type"] == "Scheduled" && c["reason"] == "InsufficientStorage")
+        })
+    });
+    let stores: Vec<String> = cluster.replicas_of("f1").iter().map(|r| r["spec"]["dataPath"].as_str().unwrap().to_string()).collect();
+    cluster.cli(&["volume", "delete", "f1"]).unwrap();
+    cluster.cli(&["volume", "delete", "big"]).unwrap();
+    for store in stores {
+        assert!(!std::path::Path::new(store.strip_prefix("file:").unwrap()).exists(), "{store} removed");
+    }
 }

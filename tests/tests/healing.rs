@@ -71,6 +71,7 @@ fn fio(endpoint: &str, size: &str, extra: &[&str]) -> Command {
         "--verify=crc32c",
         "--do_verify=1",
         "--verify_fatal=1",
+        "--verify_state_save=0",
     ]);
     cmd.args(extra);
     cmd
