@@ -400,21 +400,7 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
             }
             Ok(placed) => {
                 for p in placed {
-                    let replica_name = format!("{name}-r-{}", short_id());
-                    let node = snapshot.node(&p.node).ok_or("scheduled on a node that vanished")?;
-                    let disk = &node.spec.disks[&p.disk];
-                    let spec = ReplicaSpec {
-                        volume_name: name.clone(),
-                        node_id: p.node.clone(),
-                        disk_id: p.disk.clone(),
-                        data_path: data_path(&disk.path, &replica_name),
-                        volume_size: volume.spec.size,
-                        desire_state: "running".into(),
-                        ..Default::default()
-                    };
-                    let mut replica = Replica::new(&replica_name, spec);
-                    replica.metadata.labels = Some([("ironhorn.io/volume".to_string(), name.clone())].into());
-                    self.store.create(&replica).await.map_err(ds)?;
+                    let replica_name = self.create_replica_object(snapshot, volume, &p.node, &p.disk).await?;
                     tracing::info!(volume = %name, replica = %replica_name, node = %p.node, disk = %p.disk, "replica scheduled");
                 }
                 self.set_volume_status(&name, |s| {
@@ -423,6 +409,33 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
                 .await
             }
         }
+    }
+
+    /// A new Replica object for `volume` on `node`'s `disk`; returns its name.
+    async fn create_replica_object(
+        &self,
+        snapshot: &Snapshot,
+        volume: &Volume,
+        node: &str,
+        disk: &str,
+    ) -> Result<String, String> {
+        let name = volume.name_any();
+        let replica_name = format!("{name}-r-{}", short_id());
+        let node_object = snapshot.node(node).ok_or("scheduled on a node that vanished")?;
+        let disk_spec = node_object.spec.disks.get(disk).ok_or("scheduled on a disk that vanished")?;
+        let spec = ReplicaSpec {
+            volume_name: name.clone(),
+            node_id: node.to_string(),
+            disk_id: disk.to_string(),
+            data_path: data_path(&disk_spec.path, &replica_name),
+            volume_size: volume.spec.size,
+            desire_state: "running".into(),
+            ..Default::default()
+        };
+        let mut replica = Replica::new(&replica_name, spec);
+        replica.metadata.labels = Some([("ironhorn.io/volume".to_string(), name)].into());
+        self.store.create(&replica).await.map_err(ds)?;
+        Ok(replica_name)
     }
 
     async fn reconcile_replica(&self, snapshot: &Snapshot, replica: &Replica) -> Outcome {
@@ -1023,20 +1036,7 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
                 .await
             }
             Ok(pick) => {
-                let replica_name = format!("{name}-r-{}", short_id());
-                let node = snapshot.node(&pick.node).ok_or("scheduled on a node that vanished")?;
-                let spec = ReplicaSpec {
-                    volume_name: name.clone(),
-                    node_id: pick.node.clone(),
-                    disk_id: pick.disk.clone(),
-                    data_path: data_path(&node.spec.disks[&pick.disk].path, &replica_name),
-                    volume_size: volume.spec.size,
-                    desire_state: "running".into(),
-                    ..Default::default()
-                };
-                let mut replica = Replica::new(&replica_name, spec);
-                replica.metadata.labels = Some([("ironhorn.io/volume".to_string(), name.clone())].into());
-                self.store.create(&replica).await.map_err(ds)?;
+                let replica_name = self.create_replica_object(snapshot, volume, &pick.node, &pick.disk).await?;
                 self.set_volume_status(&name, |s| set_condition(&mut s.conditions, "Scheduled", true, "", "", &now)).await?;
                 let message = format!("created replica {replica_name} on node {}", pick.node);
                 events::record(&self.store, &name, Normal, "ReplicaCreated", &message).await;
