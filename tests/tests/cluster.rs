@@ -274,7 +274,7 @@ fn stopping_up_stops_everything_and_the_next_up_brings_volumes_back() {
 
 #[test]
 fn file_disks_count_their_stores_against_the_disk_size() {
-    let cluster = StandaloneCluster::start_with("up-files", 3, 26000, "1GiB", &["--file-disks"]);
+    let cluster = StandaloneCluster::start_with("up-files", 3, 29000, "1GiB", &["--file-disks"]);
     let disks = cluster.disks();
     assert!(disks.values().all(|d| d.starts_with("file:")), "{disks:?}");
     let before = free_bytes(&cluster);
