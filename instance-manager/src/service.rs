@@ -17,7 +17,10 @@ use crate::{Config, disk, process};
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 enum Spec {
-    Replica { store: String, size_bytes: u64 },
+    Replica {
+        store: String,
+        size_bytes: u64,
+    },
     Engine {
         volume: String,
         size_bytes: u64,
@@ -70,7 +73,15 @@ impl Record {
                 InstanceKind::Replica,
                 pb::instance::Spec::Replica(pb::ReplicaSpec { store: store.clone(), size_bytes: *size_bytes }),
             ),
-            Spec::Engine { volume, size_bytes, epoch, replicas, blockdev, replica_timeout_secs, rebuild_mib_per_sec } => (
+            Spec::Engine {
+                volume,
+                size_bytes,
+                epoch,
+                replicas,
+                blockdev,
+                replica_timeout_secs,
+                rebuild_mib_per_sec,
+            } => (
                 InstanceKind::Engine,
                 pb::instance::Spec::Engine(pb::EngineSpec {
                     volume: volume.clone(),
@@ -114,7 +125,10 @@ fn spec_from_request(request: &pb::CreateRequest) -> Result<Spec, Status> {
         Some(pb::create_request::Spec::Replica(r)) => {
             r.store.parse::<ironhorn_replica::device::StoreLocation>().map_err(Status::invalid_argument)?;
             if r.size_bytes == 0 || r.size_bytes % 4096 != 0 {
-                return Err(Status::invalid_argument(format!("size {} is not a positive multiple of 4096", r.size_bytes)));
+                return Err(Status::invalid_argument(format!(
+                    "size {} is not a positive multiple of 4096",
+                    r.size_bytes
+                )));
             }
             Ok(Spec::Replica { store: r.store.clone(), size_bytes: r.size_bytes })
         }
@@ -123,7 +137,9 @@ fn spec_from_request(request: &pb::CreateRequest) -> Result<Spec, Status> {
                 return Err(Status::invalid_argument("an engine needs at least one replica"));
             }
             if e.size_bytes == 0 || e.size_bytes % 4096 != 0 || e.epoch == 0 || !valid_name(&e.volume) {
-                return Err(Status::invalid_argument("engine needs a volume name, a size in 4 KiB units and epoch > 0"));
+                return Err(Status::invalid_argument(
+                    "engine needs a volume name, a size in 4 KiB units and epoch > 0",
+                ));
             }
             Ok(Spec::Engine {
                 volume: e.volume.clone(),
@@ -295,10 +311,7 @@ impl InstanceManagerService {
                 }
             }
         }
-        Err(Status::resource_exhausted(format!(
-            "no free port left in {}-{}",
-            self.config.ports.0, self.config.ports.1
-        )))
+        Err(Status::resource_exhausted(format!("no free port left in {}-{}", self.config.ports.0, self.config.ports.1)))
     }
 
     fn command(&self, name: &str, spec: &Spec, ports: &[u16]) -> (PathBuf, Vec<String>, String, String, String) {
@@ -317,7 +330,15 @@ impl InstanceManagerService {
                 ];
                 (self.config.bin_dir.join("ironhorn-replica"), args, address, String::new(), String::new())
             }
-            Spec::Engine { volume, size_bytes, epoch, replicas, blockdev, replica_timeout_secs, rebuild_mib_per_sec } => {
+            Spec::Engine {
+                volume,
+                size_bytes,
+                epoch,
+                replicas,
+                blockdev,
+                replica_timeout_secs,
+                rebuild_mib_per_sec,
+            } => {
                 let address = format!("{ip}:{}", ports[0]);
                 let nbd = format!("{ip}:{}", ports[1]);
                 let mut args = vec![
@@ -348,7 +369,13 @@ impl InstanceManagerService {
                     String::new()
                 };
                 let _ = name;
-                (self.config.bin_dir.join("ironhorn-engine"), args, address, format!("nbd://{nbd}/{volume}"), blockdev_path)
+                (
+                    self.config.bin_dir.join("ironhorn-engine"),
+                    args,
+                    address,
+                    format!("nbd://{nbd}/{volume}"),
+                    blockdev_path,
+                )
             }
         }
     }
@@ -393,8 +420,7 @@ impl InstanceManagerService {
             .stderr(log_err)
             .process_group(0)
             .kill_on_drop(false);
-        let mut child =
-            command.spawn().map_err(|e| Status::internal(format!("start {}: {e}", binary.display())))?;
+        let mut child = command.spawn().map_err(|e| Status::internal(format!("start {}: {e}", binary.display())))?;
         let pid = child.id().unwrap_or(0);
         let record = Record {
             name: request.name.clone(),

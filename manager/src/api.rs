@@ -107,7 +107,10 @@ fn parse_size_value(size: &Value) -> Result<u64, ApiError> {
     Ok(bytes)
 }
 
-async fn create_volume<D: Datastore>(State(store): State<D>, body: Result<Json<CreateVolume>, axum::extract::rejection::JsonRejection>) -> Reply {
+async fn create_volume<D: Datastore>(
+    State(store): State<D>,
+    body: Result<Json<CreateVolume>, axum::extract::rejection::JsonRejection>,
+) -> Reply {
     let Json(body) = body.map_err(|e| bad(e.body_text()))?;
     if !valid_volume_name(&body.name) {
         return Err(bad(format!(

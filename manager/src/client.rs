@@ -7,7 +7,8 @@ use serde_json::Value;
 /// Calls the API at `base` (`http://HOST:PORT`). Non-2xx answers become an
 /// error with the server's message.
 pub async fn call(base: &str, method: &str, path: &str, body: Option<&Value>) -> Result<Value, String> {
-    let authority = base.strip_prefix("http://").ok_or_else(|| format!("API address {base:?}: expected http://HOST:PORT"))?;
+    let authority =
+        base.strip_prefix("http://").ok_or_else(|| format!("API address {base:?}: expected http://HOST:PORT"))?;
     let authority = authority.trim_end_matches('/');
     let stream = tokio::net::TcpStream::connect(authority)
         .await

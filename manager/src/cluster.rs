@@ -15,11 +15,18 @@ use tonic::transport::{Channel, Endpoint};
 
 pub trait Cluster: Clone + Send + Sync + 'static {
     fn instances(&self, im: &str) -> impl Future<Output = Result<Vec<pb::Instance>, String>> + Send;
-    fn create_instance(&self, im: &str, request: pb::CreateRequest)
-    -> impl Future<Output = Result<pb::Instance, String>> + Send;
+    fn create_instance(
+        &self,
+        im: &str,
+        request: pb::CreateRequest,
+    ) -> impl Future<Output = Result<pb::Instance, String>> + Send;
     /// Stops and forgets an instance; an unknown name is already deleted.
-    fn delete_instance(&self, im: &str, name: &str, remove_data: bool)
-    -> impl Future<Output = Result<(), String>> + Send;
+    fn delete_instance(
+        &self,
+        im: &str,
+        name: &str,
+        remove_data: bool,
+    ) -> impl Future<Output = Result<(), String>> + Send;
     fn disk_status(&self, im: &str, disk: &str) -> impl Future<Output = Result<pb::DiskStatusResponse, String>> + Send;
     fn delete_store(&self, im: &str, store: &str) -> impl Future<Output = Result<(), String>> + Send;
     fn engine_status(&self, engine: &str) -> impl Future<Output = Result<StatusResponse, String>> + Send;

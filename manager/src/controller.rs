@@ -256,7 +256,13 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
             let reason = if ready { "" } else { "InstanceManagerUnreachable" };
             set_condition(&mut status.conditions, "Ready", ready, reason, &ready_message, &now);
             let schedulable = ready && n.spec.allow_scheduling;
-            let why = if !ready { "NodeNotReady" } else if !n.spec.allow_scheduling { "SchedulingDisabled" } else { "" };
+            let why = if !ready {
+                "NodeNotReady"
+            } else if !n.spec.allow_scheduling {
+                "SchedulingDisabled"
+            } else {
+                ""
+            };
             set_condition(&mut status.conditions, "Schedulable", schedulable, why, "", &now);
             status.disk_status = disk_status.clone();
             status.zone = zone.clone();
@@ -525,7 +531,8 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
             .iter()
             .filter_map(|r| {
                 let i = snapshot.instance(&r.spec.node_id, &r.name_any())?;
-                (i.state == InstanceState::Running as i32).then(|| (r.metadata.name.as_deref().unwrap_or(""), i.address.clone()))
+                (i.state == InstanceState::Running as i32)
+                    .then(|| (r.metadata.name.as_deref().unwrap_or(""), i.address.clone()))
             })
             .collect();
 
@@ -558,7 +565,14 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
             return self
                 .set_volume_status(&name, |s| {
                     s.state = "error".into();
-                    set_condition(&mut s.conditions, "Attached", false, "NodeNotFound", &format!("no node {want_node}"), &now);
+                    set_condition(
+                        &mut s.conditions,
+                        "Attached",
+                        false,
+                        "NodeNotFound",
+                        &format!("no node {want_node}"),
+                        &now,
+                    );
                 })
                 .await;
         };
@@ -582,11 +596,16 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
             // back for as long as the node is away: it is failed instead (its
             // data may come back for a delta rebuild). Healthy replicas were
             // all in step when last seen, so any of them serves current data.
-            let away: Vec<&&Replica> = healthy.iter().filter(|r| !snapshot.node_ready(&r.spec.node_id)).copied().collect();
+            let away: Vec<&&Replica> =
+                healthy.iter().filter(|r| !snapshot.node_ready(&r.spec.node_id)).copied().collect();
             if !away.is_empty() && away.len() < healthy.len() {
                 for r in away {
                     self.mark_replica_failed(&r.name_any()).await?;
-                    let message = format!("replica {} failed: node {} unreachable while the engine starts", r.name_any(), r.spec.node_id);
+                    let message = format!(
+                        "replica {} failed: node {} unreachable while the engine starts",
+                        r.name_any(),
+                        r.spec.node_id
+                    );
                     events::record(&self.store, &name, Warning, "ReplicaFailed", &message).await;
                 }
                 return Ok(());
@@ -720,8 +739,7 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
         } else {
             "degraded"
         };
-        let healthy_now: Vec<String> =
-            modes.iter().filter(|(_, m)| *m == "RW").map(|(r, _)| r.clone()).collect();
+        let healthy_now: Vec<String> = modes.iter().filter(|(_, m)| *m == "RW").map(|(r, _)| r.clone()).collect();
         for r in replicas.iter().filter(|r| healthy_now.contains(&r.name_any()) && r.spec.healthy_at.is_empty()) {
             let t = now.clone();
             update::<Replica, D>(&self.store, &r.name_any(), |r| {
@@ -801,7 +819,8 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
                 && replicas.iter().any(|x| x.name_any() == *replica && x.spec.failed_at.is_empty())
             {
                 self.mark_replica_failed(replica).await?;
-                let message = format!("replica {replica} failed: {}", if r.error.is_empty() { "error" } else { &r.error });
+                let message =
+                    format!("replica {replica} failed: {}", if r.error.is_empty() { "error" } else { &r.error });
                 events::record(&self.store, &name, Warning, "ReplicaFailed", &message).await;
             }
             self.cluster.engine_replica_remove(engine_address, &r.address).await?;
@@ -885,7 +904,8 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
                 }
             }
         }
-        let limit = settings::get_u64(&self.store, "concurrent-replica-rebuild-per-node-limit").await.map_err(ds)? as usize;
+        let limit =
+            settings::get_u64(&self.store, "concurrent-replica-rebuild-per-node-limit").await.map_err(ds)? as usize;
 
         // A healthy replica the engine does not have yet (reused, created or
         // salvaged): bring it in, one rebuild at a time.
@@ -952,7 +972,9 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
         };
         let policy = replenish::Policy {
             now: now_ts,
-            replenishment_wait: secs(settings::get_u64(&self.store, "replica-replenishment-wait-interval").await.map_err(ds)?),
+            replenishment_wait: secs(
+                settings::get_u64(&self.store, "replica-replenishment-wait-interval").await.map_err(ds)?,
+            ),
             retry_max: settings::get_u64(&self.store, "replica-rebuild-retry-max").await.map_err(ds)? as u32,
             backoff_initial: secs(settings::get_u64(&self.store, "replica-rebuild-backoff-initial").await.map_err(ds)?),
             backoff_max: secs(settings::get_u64(&self.store, "replica-rebuild-backoff-max").await.map_err(ds)?),
@@ -964,10 +986,13 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
             if let Some(r) = replicas.iter().find(|r| r.name_any() == *stale) {
                 match self.delete_replica(snapshot, r).await {
                     Ok(()) => {
-                        let message = format!("deleted stale replica {stale} (failed at {}) and its data", r.spec.failed_at);
+                        let message =
+                            format!("deleted stale replica {stale} (failed at {}) and its data", r.spec.failed_at);
                         events::record(&self.store, &name, Normal, "StaleReplicaDeleted", &message).await;
                     }
-                    Err(e) => tracing::warn!(volume = %name, replica = %stale, error = %e, "stale replica not deleted yet"),
+                    Err(e) => {
+                        tracing::warn!(volume = %name, replica = %stale, error = %e, "stale replica not deleted yet")
+                    }
                 }
             }
         }
@@ -1037,7 +1062,8 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
             }
             Ok(pick) => {
                 let replica_name = self.create_replica_object(snapshot, volume, &pick.node, &pick.disk).await?;
-                self.set_volume_status(&name, |s| set_condition(&mut s.conditions, "Scheduled", true, "", "", &now)).await?;
+                self.set_volume_status(&name, |s| set_condition(&mut s.conditions, "Scheduled", true, "", "", &now))
+                    .await?;
                 let message = format!("created replica {replica_name} on node {}", pick.node);
                 events::record(&self.store, &name, Normal, "ReplicaCreated", &message).await;
                 Ok(())
@@ -1130,7 +1156,10 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
         let name = replica.name_any();
         let node = snapshot.node(&replica.spec.node_id).ok_or_else(|| format!("replica {name}: node not found"))?;
         if !snapshot.node_ready(&replica.spec.node_id) {
-            return Err(format!("replica {name}: node {} unreachable; its store stays until it is back", replica.spec.node_id));
+            return Err(format!(
+                "replica {name}: node {} unreachable; its store stays until it is back",
+                replica.spec.node_id
+            ));
         }
         let im = &node.spec.instance_manager_address;
         if snapshot.instance(&replica.spec.node_id, &name).is_some() {

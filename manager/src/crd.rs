@@ -33,7 +33,14 @@ pub struct Condition {
 }
 
 /// Sets a condition, keeping its transition time when nothing changed.
-pub fn set_condition(conditions: &mut Vec<Condition>, type_: &str, status: bool, reason: &str, message: &str, now: &str) {
+pub fn set_condition(
+    conditions: &mut Vec<Condition>,
+    type_: &str,
+    status: bool,
+    reason: &str,
+    message: &str,
+    now: &str,
+) {
     let status = if status { "True" } else { "False" };
     if let Some(c) = conditions.iter_mut().find(|c| c.type_ == type_) {
         if c.status != status {

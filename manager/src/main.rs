@@ -219,7 +219,12 @@ fn volume_rows(volumes: &[Value]) -> Vec<Vec<String>> {
 
 const VOLUME_HEADERS: [&str; 8] = ["NAME", "STATE", "ROBUSTNESS", "SIZE", "REPLICAS", "NODE", "ENDPOINT", "MESSAGE"];
 
-async fn wait_for(api: &str, name: &str, timeout: Duration, done: impl Fn(Option<&Value>) -> bool) -> Result<Option<Value>, String> {
+async fn wait_for(
+    api: &str,
+    name: &str,
+    timeout: Duration,
+    done: impl Fn(Option<&Value>) -> bool,
+) -> Result<Option<Value>, String> {
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
         let volume = match call(api, "GET", &format!("/v1/volumes/{name}"), None).await {
@@ -263,10 +268,8 @@ async fn drive(cli: Cli) -> Result<(), String> {
     let print_json = |v: &Value| println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
     match cli.command {
         Command::Up { data_dir, nodes, port_base, disk_size, file_disks } => {
-            let bin_dir = std::env::current_exe()
-                .ok()
-                .and_then(|p| p.parent().map(|d| d.to_path_buf()))
-                .unwrap_or_default();
+            let bin_dir =
+                std::env::current_exe().ok().and_then(|p| p.parent().map(|d| d.to_path_buf())).unwrap_or_default();
             standalone::up(standalone::UpConfig { data_dir, nodes, port_base, disk_size, file_disks, bin_dir }).await
         }
         Command::Purge { data_dir } => standalone::purge(&data_dir),
@@ -278,7 +281,8 @@ async fn drive(cli: Cli) -> Result<(), String> {
                 ironhorn_manager::serve(store, GrpcCluster::default(), listen).await
             } else {
                 let dir = data_dir.ok_or("give --data-dir (embedded datastore) or --kubernetes")?;
-                let store = ironhorn_manager::datastore::embedded::EmbeddedStore::open(&dir).map_err(|e| e.to_string())?;
+                let store =
+                    ironhorn_manager::datastore::embedded::EmbeddedStore::open(&dir).map_err(|e| e.to_string())?;
                 ironhorn_manager::serve(store, GrpcCluster::default(), listen).await
             }
         }
@@ -296,7 +300,11 @@ async fn drive(cli: Cli) -> Result<(), String> {
                     body["frontend"] = json!(f.as_str());
                 }
                 let v = call(api, "POST", "/v1/volumes", Some(&body)).await?;
-                if json_out { print_json(&v) } else { println!("volume {name} created") }
+                if json_out {
+                    print_json(&v)
+                } else {
+                    println!("volume {name} created")
+                }
                 Ok(())
             }
             VolumeCommand::List => {
@@ -310,7 +318,11 @@ async fn drive(cli: Cli) -> Result<(), String> {
             }
             VolumeCommand::Get { name } => {
                 let v = call(api, "GET", &format!("/v1/volumes/{name}"), None).await?;
-                if json_out { print_json(&v) } else { print_table(&VOLUME_HEADERS, volume_rows(&[v])) }
+                if json_out {
+                    print_json(&v)
+                } else {
+                    print_table(&VOLUME_HEADERS, volume_rows(&[v]))
+                }
                 Ok(())
             }
             VolumeCommand::Attach { name, node, frontend, timeout_secs } => {

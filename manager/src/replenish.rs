@@ -76,10 +76,15 @@ pub enum Action {
     Wait(String),
     /// Healthy enough.
     Nothing,
-    Reuse { replica: String, retry: u32 },
+    Reuse {
+        replica: String,
+        retry: u32,
+    },
     Create,
     /// Faulted: restart from these replicas (their data exists).
-    Salvage { replicas: Vec<String> },
+    Salvage {
+        replicas: Vec<String>,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -133,8 +138,12 @@ fn decide_action(
     }
     let rw = volume.replicas.iter().filter(|r| r.failed_at.is_none() && r.mode.as_deref() == Some("RW")).count();
     if rw == 0 {
-        let mut from: Vec<String> =
-            volume.replicas.iter().filter(|r| r.data_exists == Some(true) && r.usable).map(|r| r.name.clone()).collect();
+        let mut from: Vec<String> = volume
+            .replicas
+            .iter()
+            .filter(|r| r.data_exists == Some(true) && r.usable)
+            .map(|r| r.name.clone())
+            .collect();
         from.sort();
         return if from.is_empty() {
             Action::Wait("faulted, and no replica's data is reachable to salvage from".into())
@@ -149,7 +158,8 @@ fn decide_action(
     if healthy >= volume.desired {
         return Action::Nothing;
     }
-    let node_full = |node: &str| volume.rebuilds_on_node.get(node).copied().unwrap_or(0) >= policy.per_node_rebuild_limit;
+    let node_full =
+        |node: &str| volume.rebuilds_on_node.get(node).copied().unwrap_or(0) >= policy.per_node_rebuild_limit;
 
     // Reuse: most recently failed first, among those reusable now.
     let candidates: Vec<&&ReplicaView> = failed.iter().filter(|r| reusable_ever(r)).collect();
@@ -222,7 +232,13 @@ mod tests {
     }
 
     fn volume(replicas: Vec<ReplicaView>) -> VolumeView {
-        VolumeView { desired: 3, replicas, view_current: true, degraded_since: Some(t(0)), rebuilds_on_node: Default::default() }
+        VolumeView {
+            desired: 3,
+            replicas,
+            view_current: true,
+            degraded_since: Some(t(0)),
+            rebuilds_on_node: Default::default(),
+        }
     }
 
     #[test]

@@ -89,7 +89,10 @@ impl fmt::Display for Unschedulable {
         match self {
             Self::NoReadyNode => write!(f, "no ready node with a schedulable disk"),
             Self::TagsNotFulfilled { node_selector, disk_selector } => {
-                write!(f, "tags not fulfilled: no node with tags {node_selector:?} and disk with tags {disk_selector:?}")
+                write!(
+                    f,
+                    "tags not fulfilled: no node with tags {node_selector:?} and disk with tags {disk_selector:?}"
+                )
             }
             Self::AntiAffinity => {
                 write!(f, "anti-affinity: every usable node (or zone, disk) already holds a replica of this volume")
@@ -235,7 +238,11 @@ mod tests {
 
     #[test]
     fn three_replicas_land_on_three_nodes() {
-        let disks = [disk("n1", "", 10 * GIB, 10 * GIB), disk("n2", "", 10 * GIB, 10 * GIB), disk("n3", "", 10 * GIB, 10 * GIB)];
+        let disks = [
+            disk("n1", "", 10 * GIB, 10 * GIB),
+            disk("n2", "", 10 * GIB, 10 * GIB),
+            disk("n3", "", 10 * GIB, 10 * GIB),
+        ];
         let placed = schedule_replicas(&request(GIB), 3, &disks, Limits::default()).unwrap();
         let mut nodes: Vec<_> = placed.iter().map(|p| p.node.clone()).collect();
         nodes.sort();
@@ -255,7 +262,10 @@ mod tests {
             Err(Unschedulable::InsufficientStorage { size: 20 * GIB })
         );
         let tagged = Request { node_selector: vec!["ssd".into()], ..request(GIB) };
-        assert!(matches!(schedule_replica(&tagged, &disks, Limits::default()), Err(Unschedulable::TagsNotFulfilled { .. })));
+        assert!(matches!(
+            schedule_replica(&tagged, &disks, Limits::default()),
+            Err(Unschedulable::TagsNotFulfilled { .. })
+        ));
         let mut down = disks.clone();
         down[0].node_ready = false;
         assert_eq!(schedule_replica(&request(GIB), &down, Limits::default()), Err(Unschedulable::NoReadyNode));
@@ -280,7 +290,11 @@ mod tests {
 
     #[test]
     fn zones_spread_when_possible() {
-        let disks = [disk("a1", "za", 10 * GIB, 10 * GIB), disk("a2", "za", 10 * GIB, 10 * GIB), disk("b1", "zb", 10 * GIB, 9 * GIB)];
+        let disks = [
+            disk("a1", "za", 10 * GIB, 10 * GIB),
+            disk("a2", "za", 10 * GIB, 10 * GIB),
+            disk("b1", "zb", 10 * GIB, 9 * GIB),
+        ];
         let placed = schedule_replicas(&request(GIB), 2, &disks, Limits::default()).unwrap();
         let zones: std::collections::BTreeSet<_> = placed.iter().map(|p| p.zone.clone()).collect();
         assert_eq!(zones.len(), 2, "{placed:?}");
@@ -301,20 +315,22 @@ mod tests {
             0..30u64,
             0..150u64,
         )
-            .prop_map(|(node, disk, zone, ready, ntags, dtags, maximum, avail, reserved, scheduled)| DiskCandidate {
-                node: format!("n{node}"),
-                disk: format!("d{disk}"),
-                zone: if zone == 0 { String::new() } else { format!("z{zone}") },
-                node_ready: ready[0] || ready[1],
-                node_allow_scheduling: ready[1] || ready[2],
-                disk_ready: true,
-                disk_allow_scheduling: ready[3] || ready[0],
-                node_tags: ntags.into_iter().map(|t| format!("t{t}")).collect(),
-                disk_tags: dtags.into_iter().map(|t| format!("t{t}")).collect(),
-                maximum: maximum * GIB,
-                available: avail.min(maximum) * GIB,
-                reserved: reserved * GIB,
-                scheduled: scheduled * GIB,
+            .prop_map(|(node, disk, zone, ready, ntags, dtags, maximum, avail, reserved, scheduled)| {
+                DiskCandidate {
+                    node: format!("n{node}"),
+                    disk: format!("d{disk}"),
+                    zone: if zone == 0 { String::new() } else { format!("z{zone}") },
+                    node_ready: ready[0] || ready[1],
+                    node_allow_scheduling: ready[1] || ready[2],
+                    disk_ready: true,
+                    disk_allow_scheduling: ready[3] || ready[0],
+                    node_tags: ntags.into_iter().map(|t| format!("t{t}")).collect(),
+                    disk_tags: dtags.into_iter().map(|t| format!("t{t}")).collect(),
+                    maximum: maximum * GIB,
+                    available: avail.min(maximum) * GIB,
+                    reserved: reserved * GIB,
+                    scheduled: scheduled * GIB,
+                }
             })
     }
 
@@ -334,7 +350,8 @@ mod tests {
             && (r.zone_soft || !zone_shared)
             && (r.disk_soft || !disk_shared)
             && r.size as u128 + c.scheduled as u128 <= usable
-            && c.available as u128 > c.maximum as u128 * limits.minimal_available_percentage as u128 / 100 + r.size as u128
+            && c.available as u128
+                > c.maximum as u128 * limits.minimal_available_percentage as u128 / 100 + r.size as u128
     }
 
     proptest! {

@@ -23,8 +23,8 @@
 //! next `up` on the same data dir adopts them.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
 use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
@@ -318,10 +318,14 @@ pub fn purge(data_dir: &Path) -> Result<(), String> {
     let nodes_dir = data_dir.join("nodes");
     let entries = std::fs::read_dir(&nodes_dir).map(|d| d.flatten().collect::<Vec<_>>()).unwrap_or_default();
     for entry in &entries {
-        if let Some(pid) = std::fs::read_to_string(entry.path().join("im.pid")).ok().and_then(|p| p.trim().parse::<u32>().ok())
+        if let Some(pid) =
+            std::fs::read_to_string(entry.path().join("im.pid")).ok().and_then(|p| p.trim().parse::<u32>().ok())
             && Path::new(&format!("/proc/{pid}")).exists()
         {
-            return Err(format!("instance manager {pid} of {} still runs: stop `ironhorn up` first", entry.path().display()));
+            return Err(format!(
+                "instance manager {pid} of {} still runs: stop `ironhorn up` first",
+                entry.path().display()
+            ));
         }
     }
     for entry in entries {

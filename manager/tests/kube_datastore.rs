@@ -123,11 +123,20 @@ async fn create_status_conflict_retry_watch_reconcile_and_delete_make_exactly_th
         let v = Volume::new("v1", VolumeSpec { size: 1 << 30, number_of_replicas: 3, ..Default::default() });
         s.create(&v).await.expect("create")
     });
-    expect(&mut handle, Method::POST, &volumes, &[], |b| {
-        assert_eq!(b["metadata"]["name"], "v1");
-        assert_eq!(b["spec"]["numberOfReplicas"], 3);
-        assert_eq!(b["spec"]["size"], 1u64 << 30);
-    }, StatusCode::CREATED, body(&volume_json("1", 3, None))).await;
+    expect(
+        &mut handle,
+        Method::POST,
+        &volumes,
+        &[],
+        |b| {
+            assert_eq!(b["metadata"]["name"], "v1");
+            assert_eq!(b["spec"]["numberOfReplicas"], 3);
+            assert_eq!(b["spec"]["size"], 1u64 << 30);
+        },
+        StatusCode::CREATED,
+        body(&volume_json("1", 3, None)),
+    )
+    .await;
     let created = client.await.unwrap();
     assert_eq!(created.metadata.resource_version.as_deref(), Some("1"));
 
@@ -142,17 +151,35 @@ async fn create_status_conflict_retry_watch_reconcile_and_delete_make_exactly_th
         .expect("status update")
     });
     expect(&mut handle, Method::GET, &v1, &[], no_body, StatusCode::OK, body(&volume_json("1", 3, None))).await;
-    expect(&mut handle, Method::PUT, &v1_status, &[], |b| {
-        assert_eq!(b["metadata"]["resourceVersion"], "1");
-        assert_eq!(b["status"]["state"], "detached");
-    }, StatusCode::CONFLICT, body(&status_json(409, "Conflict"))).await;
+    expect(
+        &mut handle,
+        Method::PUT,
+        &v1_status,
+        &[],
+        |b| {
+            assert_eq!(b["metadata"]["resourceVersion"], "1");
+            assert_eq!(b["status"]["state"], "detached");
+        },
+        StatusCode::CONFLICT,
+        body(&status_json(409, "Conflict")),
+    )
+    .await;
     // Someone else changed the spec meanwhile (resourceVersion 2).
     expect(&mut handle, Method::GET, &v1, &[], no_body, StatusCode::OK, body(&volume_json("2", 2, None))).await;
-    expect(&mut handle, Method::PUT, &v1_status, &[], |b| {
-        assert_eq!(b["metadata"]["resourceVersion"], "2", "retried on the fresh object");
-        assert_eq!(b["spec"]["numberOfReplicas"], 2, "the other writer's change is kept");
-        assert_eq!(b["status"]["state"], "detached");
-    }, StatusCode::OK, body(&volume_json("3", 2, Some(json!({ "state": "detached" }))))).await;
+    expect(
+        &mut handle,
+        Method::PUT,
+        &v1_status,
+        &[],
+        |b| {
+            assert_eq!(b["metadata"]["resourceVersion"], "2", "retried on the fresh object");
+            assert_eq!(b["spec"]["numberOfReplicas"], 2, "the other writer's change is kept");
+            assert_eq!(b["status"]["state"], "detached");
+        },
+        StatusCode::OK,
+        body(&volume_json("3", 2, Some(json!({ "state": "detached" })))),
+    )
+    .await;
     let updated = client.await.unwrap().expect("object exists");
     assert_eq!(updated.status.unwrap().state, "detached");
 
@@ -165,10 +192,20 @@ async fn create_status_conflict_retry_watch_reconcile_and_delete_make_exactly_th
         Controller::new(s, NoProcesses).reconcile_all().await.expect("reconcile");
         changes // kept open: no re-list, no re-watch
     });
-    expect(&mut handle, Method::GET, &volumes, &["limit=1"], no_body, StatusCode::OK, body(&list_json("VolumeList", vec![]))).await;
+    expect(
+        &mut handle,
+        Method::GET,
+        &volumes,
+        &["limit=1"],
+        no_body,
+        StatusCode::OK,
+        body(&list_json("VolumeList", vec![])),
+    )
+    .await;
     let (events_tx, events_rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, std::io::Error>>(4);
     let stream = StreamBody::new(tokio_stream::wrappers::ReceiverStream::new(events_rx)).boxed();
-    expect(&mut handle, Method::GET, &volumes, &["watch=true", "resourceVersion=5"], no_body, StatusCode::OK, stream).await;
+    expect(&mut handle, Method::GET, &volumes, &["watch=true", "resourceVersion=5"], no_body, StatusCode::OK, stream)
+        .await;
     let event = json!({ "type": "MODIFIED", "object": volume_json("6", 2, Some(json!({ "state": "detached" }))) });
     let mut line = serde_json::to_vec(&event).unwrap();
     line.push(b'\n');
@@ -176,9 +213,19 @@ async fn create_status_conflict_retry_watch_reconcile_and_delete_make_exactly_th
     // The pass: a snapshot (nodes, volumes, engines, replicas), the settings
     // scheduling reads (absent: defaults), then the volume's status.
     for kind in ["nodes", "volumes", "engines", "replicas"] {
-        let items = if kind == "volumes" { vec![volume_json("6", 2, Some(json!({ "state": "detached" })))] } else { vec![] };
+        let items =
+            if kind == "volumes" { vec![volume_json("6", 2, Some(json!({ "state": "detached" })))] } else { vec![] };
         let list_kind = format!("{}List", &kind[..1].to_uppercase()) + &kind[1..kind.len() - 1];
-        expect(&mut handle, Method::GET, &format!("{BASE}/{kind}"), &[], no_body, StatusCode::OK, body(&list_json(&list_kind, items))).await;
+        expect(
+            &mut handle,
+            Method::GET,
+            &format!("{BASE}/{kind}"),
+            &[],
+            no_body,
+            StatusCode::OK,
+            body(&list_json(&list_kind, items)),
+        )
+        .await;
     }
     for setting in [
         "replica-soft-anti-affinity",
@@ -187,15 +234,43 @@ async fn create_status_conflict_retry_watch_reconcile_and_delete_make_exactly_th
         "storage-over-provisioning-percentage",
         "storage-minimal-available-percentage",
     ] {
-        expect(&mut handle, Method::GET, &format!("{BASE}/settings/{setting}"), &[], no_body, StatusCode::NOT_FOUND, body(&status_json(404, "NotFound"))).await;
+        expect(
+            &mut handle,
+            Method::GET,
+            &format!("{BASE}/settings/{setting}"),
+            &[],
+            no_body,
+            StatusCode::NOT_FOUND,
+            body(&status_json(404, "NotFound")),
+        )
+        .await;
     }
-    expect(&mut handle, Method::GET, &v1, &[], no_body, StatusCode::OK, body(&volume_json("6", 2, Some(json!({ "state": "detached" }))))).await;
-    expect(&mut handle, Method::PUT, &v1_status, &[], |b| {
-        assert_eq!(b["metadata"]["resourceVersion"], "6");
-        let scheduled = b["status"]["conditions"].as_array().unwrap().iter().find(|c| c["type"] == "Scheduled").unwrap();
-        assert_eq!(scheduled["status"], "False");
-        assert_eq!(scheduled["reason"], "NoReadyNode", "no node exists, and the condition says so");
-    }, StatusCode::OK, body(&volume_json("7", 2, Some(json!({ "state": "creating" }))))).await;
+    expect(
+        &mut handle,
+        Method::GET,
+        &v1,
+        &[],
+        no_body,
+        StatusCode::OK,
+        body(&volume_json("6", 2, Some(json!({ "state": "detached" })))),
+    )
+    .await;
+    expect(
+        &mut handle,
+        Method::PUT,
+        &v1_status,
+        &[],
+        |b| {
+            assert_eq!(b["metadata"]["resourceVersion"], "6");
+            let scheduled =
+                b["status"]["conditions"].as_array().unwrap().iter().find(|c| c["type"] == "Scheduled").unwrap();
+            assert_eq!(scheduled["status"], "False");
+            assert_eq!(scheduled["reason"], "NoReadyNode", "no node exists, and the condition says so");
+        },
+        StatusCode::OK,
+        body(&volume_json("7", 2, Some(json!({ "state": "creating" })))),
+    )
+    .await;
     let changes = tokio::time::timeout(Duration::from_secs(1), client).await.expect("reconcile finished").unwrap();
 
     // 4. Delete.

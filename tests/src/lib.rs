@@ -584,9 +584,9 @@ impl StandaloneCluster {
             nodes.len() == self.nodes
                 && nodes.iter().all(|n| {
                     n["status"]["diskStatus"]["disk-1"]["storageMaximum"].as_u64().unwrap_or(0) > 0
-                        && n["status"]["conditions"].as_array().is_some_and(|c| {
-                            c.iter().any(|c| c["type"] == "Ready" && c["status"] == "True")
-                        })
+                        && n["status"]["conditions"]
+                            .as_array()
+                            .is_some_and(|c| c.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"))
                 })
         });
     }
@@ -652,7 +652,10 @@ impl StandaloneCluster {
             if Instant::now() > deadline {
                 let log = self.up.as_ref().map(|p| p.log_text()).unwrap_or_default();
                 let tail: Vec<&str> = log.lines().rev().take(30).collect();
-                panic!("timed out after {timeout:?} waiting for: {what}\nup log (last lines, newest first):\n{}", tail.join("\n"));
+                panic!(
+                    "timed out after {timeout:?} waiting for: {what}\nup log (last lines, newest first):\n{}",
+                    tail.join("\n")
+                );
             }
             std::thread::sleep(Duration::from_millis(250));
         }
@@ -676,7 +679,10 @@ impl StandaloneCluster {
             .unwrap_or_default()
             .iter()
             .map(|n| {
-                (n["metadata"]["name"].as_str().unwrap_or_default().to_string(), n["spec"]["disks"]["disk-1"]["path"].as_str().unwrap_or_default().to_string())
+                (
+                    n["metadata"]["name"].as_str().unwrap_or_default().to_string(),
+                    n["spec"]["disks"]["disk-1"]["path"].as_str().unwrap_or_default().to_string(),
+                )
             })
             .collect()
     }
@@ -714,7 +720,9 @@ impl Drop for StandaloneCluster {
         // Any instance manager still running (by the exact pid `up` recorded).
         if let Ok(entries) = std::fs::read_dir(data.join("nodes")) {
             for e in entries.flatten() {
-                if let Some(pid) = std::fs::read_to_string(e.path().join("im.pid")).ok().and_then(|p| p.trim().parse::<i32>().ok()) {
+                if let Some(pid) =
+                    std::fs::read_to_string(e.path().join("im.pid")).ok().and_then(|p| p.trim().parse::<i32>().ok())
+                {
                     // SAFETY: signalling one exact pid.
                     unsafe { libc::kill(pid, libc::SIGKILL) };
                 }

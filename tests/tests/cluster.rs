@@ -137,9 +137,9 @@ fn a_volume_that_does_not_fit_stays_unscheduled_and_bad_requests_fail() {
     // Four replicas on three nodes: hard anti-affinity names itself.
     cluster.cli(&["volume", "create", "four", "--size", "16MiB", "--replicas", "4"]).unwrap();
     cluster.wait(Duration::from_secs(30), "four is unscheduled by anti-affinity", || {
-        cluster.volume("four")["status"]["conditions"].as_array().is_some_and(|c| {
-            c.iter().any(|c| c["type"] == "Scheduled" && c["reason"] == "ReplicaAntiAffinity")
-        })
+        cluster.volume("four")["status"]["conditions"]
+            .as_array()
+            .is_some_and(|c| c.iter().any(|c| c["type"] == "Scheduled" && c["reason"] == "ReplicaAntiAffinity"))
     });
 
     // Bad input: one line, non-zero exit.
@@ -181,10 +181,18 @@ fn kill9_of_the_manager_under_fio_leaves_io_running_and_the_restarted_manager_in
     assert!(cluster.cli(&["volume", "list"]).is_err(), "the API is down with the manager");
     std::thread::sleep(Duration::from_secs(2));
     // The data path does not depend on the manager.
-    assert_eq!(run("nbdinfo", &["--size", &endpoint]).expect("engine still serving").trim(), (256u64 << 20).to_string());
+    assert_eq!(
+        run("nbdinfo", &["--size", &endpoint]).expect("engine still serving").trim(),
+        (256u64 << 20).to_string()
+    );
     cluster.start_up();
     let out = fio.wait_with_output().unwrap();
-    assert!(out.status.success(), "fio verify across a manager kill:\n{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "fio verify across a manager kill:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     // The restarted manager's view matches what runs.
     cluster.wait(Duration::from_secs(30), "v1 attached and healthy after restart", || {
@@ -228,7 +236,8 @@ fn stopping_up_stops_everything_and_the_next_up_brings_volumes_back() {
     let epoch = cluster.json(&["engine", "list"])[0]["spec"]["epoch"].as_u64().unwrap();
     // The blockdev frontend through the manager.
     cluster.cli(&["volume", "create", "b1", "--size", "32MiB", "--replicas", "2"]).unwrap();
-    let dev = cluster.cli(&["volume", "attach", "b1", "--node", "n-2", "--frontend", "blockdev"]).unwrap().trim().to_string();
+    let dev =
+        cluster.cli(&["volume", "attach", "b1", "--node", "n-2", "--frontend", "blockdev"]).unwrap().trim().to_string();
     assert_eq!(dev, "/dev/ironhorn/b1");
     let meta = std::fs::metadata(&dev).expect("block device exists");
     assert!(std::os::unix::fs::FileTypeExt::is_block_device(&meta.file_type()), "{dev} is a block device");
@@ -296,11 +305,12 @@ fn file_disks_count_their_stores_against_the_disk_size() {
     // Too big for a 1 GiB file disk, whatever the filesystem holds.
     cluster.cli(&["volume", "create", "big", "--size", "900MiB", "--replicas", "1"]).unwrap();
     cluster.wait(Duration::from_secs(30), "big unscheduled for insufficient storage", || {
-        cluster.volume("big")["status"]["conditions"].as_array().is_some_and(|c| {
-            c.iter().any(|c| c["type"] == "Scheduled" && c["reason"] == "InsufficientStorage")
-        })
+        cluster.volume("big")["status"]["conditions"]
+            .as_array()
+            .is_some_and(|c| c.iter().any(|c| c["type"] == "Scheduled" && c["reason"] == "InsufficientStorage"))
     });
-    let stores: Vec<String> = cluster.replicas_of("f1").iter().map(|r| r["spec"]["dataPath"].as_str().unwrap().to_string()).collect();
+    let stores: Vec<String> =
+        cluster.replicas_of("f1").iter().map(|r| r["spec"]["dataPath"].as_str().unwrap().to_string()).collect();
     cluster.cli(&["volume", "delete", "f1"]).unwrap();
     cluster.cli(&["volume", "delete", "big"]).unwrap();
     for store in stores {

@@ -109,7 +109,17 @@ fn fio_qemu_io_and_nbdinfo_over_three_replicas() {
     let list = run("nbdinfo", &["--list", &format!("nbd+unix://?socket={}", c.socket.display())]).unwrap();
     assert!(list.contains("export=\"vol\""), "{list}");
     finish(
-        fio(&c.uri(), &["--rw=randwrite", "--size=32M", "--verify=crc32c", "--verify_fatal=1", "--do_verify=1", "--verify_state_save=0"]),
+        fio(
+            &c.uri(),
+            &[
+                "--rw=randwrite",
+                "--size=32M",
+                "--verify=crc32c",
+                "--verify_fatal=1",
+                "--do_verify=1",
+                "--verify_state_save=0",
+            ],
+        ),
         "fio randwrite verify",
     );
     let out =
@@ -131,7 +141,15 @@ fn replica_failure_rebuild_and_delta_rebuild() {
     // 1. SIGKILL a replica during a verify run: fio still passes.
     let run = fio(
         &c.uri(),
-        &["--rw=randwrite", "--size=64M", "--offset=128M", "--verify=crc32c", "--verify_fatal=1", "--do_verify=1", "--verify_state_save=0"],
+        &[
+            "--rw=randwrite",
+            "--size=64M",
+            "--offset=128M",
+            "--verify=crc32c",
+            "--verify_fatal=1",
+            "--do_verify=1",
+            "--verify_state_save=0",
+        ],
     );
     std::thread::sleep(Duration::from_millis(700));
     let killed = c.replicas[1].address.clone();

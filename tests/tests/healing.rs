@@ -39,7 +39,8 @@ fn setting(cluster: &StandaloneCluster, name: &str, value: &str) {
 
 fn engine_status(cluster: &StandaloneCluster, volume: &str) -> Value {
     let engines = cluster.json(&["engine", "list"]);
-    let engine = engines.as_array().unwrap().iter().find(|e| e["spec"]["volumeName"] == volume).expect("engine").clone();
+    let engine =
+        engines.as_array().unwrap().iter().find(|e| e["spec"]["volumeName"] == volume).expect("engine").clone();
     let address = engine["status"]["address"].as_str().expect("engine address").to_string();
     serde_json::from_str(&engine_cli(&["status", "--engine", &address]).expect("engine status")).unwrap()
 }
@@ -88,7 +89,8 @@ fn check(out: std::process::Output, what: &str) {
 
 fn qemu_io(endpoint: &str, command: &str) -> Result<String, String> {
     require_tool("qemu-io", "qemu-utils");
-    let out = Command::new("qemu-io").args(["-f", "raw", endpoint, "-c", command]).output().map_err(|e| e.to_string())?;
+    let out =
+        Command::new("qemu-io").args(["-f", "raw", endpoint, "-c", command]).output().map_err(|e| e.to_string())?;
     let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     if out.status.success() && !text.contains("failed") && !text.contains("error") { Ok(text) } else { Err(text) }
 }
@@ -117,7 +119,11 @@ fn a_killed_replica_is_reused_with_a_delta_rebuild_under_fio() {
     // did not flush is copied again, by design), so a full copy would show.
     check(fio(&endpoint, "256M", &["--rw=write", "--bs=1M", "--end_fsync=1"]).output().unwrap(), "fill");
 
-    let child = fio(&endpoint, "64M", &[]).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    let child = fio(&endpoint, "64M", &[])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
     std::thread::sleep(Duration::from_millis(800));
     let (pid, _) = instance(&cluster, &node, &victim).expect("victim instance");
     kill9(pid);
@@ -135,7 +141,13 @@ fn a_killed_replica_is_reused_with_a_delta_rebuild_under_fio() {
     assert!(has_event(&cluster, "v1", "ReplicaReused", &format!("reused replica {victim} (retry 1)")));
     // A delta: the rebuild copied a small part of the 512 MiB volume.
     let status = engine_status(&cluster, "v1");
-    let rebuild = status["rebuilds"].as_array().unwrap().iter().find(|b| b["state"] == "done").expect("a finished rebuild").clone();
+    let rebuild = status["rebuilds"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["state"] == "done")
+        .expect("a finished rebuild")
+        .clone();
     let copied = rebuild["copied_bytes"].as_u64().unwrap();
     // The fio run touched only the first 64 MiB after the last flush.
     assert!(copied <= 64 << 20, "delta rebuild copied {copied} bytes: {rebuild}");
@@ -150,13 +162,18 @@ fn a_dead_node_is_replaced_on_the_fourth_node_after_the_wait_interval_one_rebuil
     setting(&cluster, "replica-replenishment-wait-interval", "8");
     let endpoint = attached_volume(&cluster, "v1", "256MiB");
     check(fio(&endpoint, "64M", &[]).output().unwrap(), "write");
-    let used: Vec<String> = cluster.replicas_of("v1").iter().map(|r| r["spec"]["nodeID"].as_str().unwrap().to_string()).collect();
+    let used: Vec<String> =
+        cluster.replicas_of("v1").iter().map(|r| r["spec"]["nodeID"].as_str().unwrap().to_string()).collect();
     let spare = ["n-1", "n-2", "n-3", "n-4"].into_iter().find(|n| !used.iter().any(|u| u == n)).unwrap().to_string();
     let (victim, dead) = remote_replica(&cluster, "v1");
 
     // The node dies: its instance manager for good, and its replica with it.
     let (replica_pid, _) = instance(&cluster, &dead, &victim).unwrap();
-    let im_pid: i32 = std::fs::read_to_string(cluster.dir.path().join(format!("data/nodes/{dead}/im.pid"))).unwrap().trim().parse().unwrap();
+    let im_pid: i32 = std::fs::read_to_string(cluster.dir.path().join(format!("data/nodes/{dead}/im.pid")))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
     // SAFETY: the exact pid `up` recorded for this node's instance manager.
     unsafe { libc::kill(im_pid, libc::SIGKILL) };
     kill9(replica_pid);
@@ -165,7 +182,10 @@ fn a_dead_node_is_replaced_on_the_fourth_node_after_the_wait_interval_one_rebuil
     check(fio(&endpoint, "32M", &["--offset=128M"]).output().unwrap(), "write while degraded");
     cluster.wait(Duration::from_secs(60), "a new replica on the spare node, healthy again", || {
         healthy(&cluster, "v1")
-            && cluster.replicas_of("v1").iter().any(|r| r["spec"]["nodeID"] == spare.as_str() && r["spec"]["failedAt"] == "")
+            && cluster
+                .replicas_of("v1")
+                .iter()
+                .any(|r| r["spec"]["nodeID"] == spare.as_str() && r["spec"]["failedAt"] == "")
     });
     assert!(killed.elapsed() >= Duration::from_secs(8), "created only after the wait interval");
     assert!(has_event(&cluster, "v1", "ReplicaCreated", &format!("on node {spare}")));
@@ -224,8 +244,15 @@ fn a_replica_that_keeps_failing_is_reused_five_times_with_growing_gaps_then_repl
     let time = |e: &Value| e["time"].as_str().unwrap().parse::<jiff::Timestamp>().unwrap();
     let mut gaps = Vec::new();
     for retry in 1..=5 {
-        let reused = evs.iter().find(|e| e["message"] == format!("reused replica {victim} (retry {retry})").as_str()).expect("reuse event");
-        let failed = evs.iter().filter(|e| e["reason"] == "ReplicaFailed" && time(e) <= time(reused)).last().expect("failure before reuse");
+        let reused = evs
+            .iter()
+            .find(|e| e["message"] == format!("reused replica {victim} (retry {retry})").as_str())
+            .expect("reuse event");
+        let failed = evs
+            .iter()
+            .filter(|e| e["reason"] == "ReplicaFailed" && time(e) <= time(reused))
+            .last()
+            .expect("failure before reuse");
         gaps.push((time(reused).as_second() - time(failed).as_second()) as u64);
     }
     let backoffs = [0u64, 2, 4, 6, 6];
@@ -237,7 +264,8 @@ fn a_replica_that_keeps_failing_is_reused_five_times_with_growing_gaps_then_repl
 
     // The replaced replica is stale: after the timeout it and its LV go.
     cluster.wait(Duration::from_secs(60), "the stale replica and its LV deleted", || {
-        cluster.replicas_of("v1").iter().all(|r| r["metadata"]["name"] != victim.as_str()) && !cluster.lvs(&node).contains(&victim)
+        cluster.replicas_of("v1").iter().all(|r| r["metadata"]["name"] != victim.as_str())
+            && !cluster.lvs(&node).contains(&victim)
     });
     assert!(has_event(&cluster, "v1", "StaleReplicaDeleted", &victim));
     assert_eq!(cluster.replicas_of("v1").len(), 3);
@@ -253,7 +281,9 @@ fn all_replicas_killed_the_volume_is_salvaged_from_the_newest() {
     let replicas: Vec<(String, String)> = cluster
         .replicas_of("v1")
         .iter()
-        .map(|r| (r["metadata"]["name"].as_str().unwrap().to_string(), r["spec"]["nodeID"].as_str().unwrap().to_string()))
+        .map(|r| {
+            (r["metadata"]["name"].as_str().unwrap().to_string(), r["spec"]["nodeID"].as_str().unwrap().to_string())
+        })
         .collect();
     for (i, (name, node)) in replicas.iter().enumerate() {
         // Each generation reaches the replicas still alive, then one dies.
@@ -286,7 +316,11 @@ fn attach_goes_ahead_without_a_replica_whose_node_is_gone() {
     cluster.cli(&["volume", "detach", "v1"]).unwrap();
     let (victim, dead) = remote_replica(&cluster, "v1");
     let (replica_pid, _) = instance(&cluster, &dead, &victim).unwrap();
-    let im_pid: i32 = std::fs::read_to_string(cluster.dir.path().join(format!("data/nodes/{dead}/im.pid"))).unwrap().trim().parse().unwrap();
+    let im_pid: i32 = std::fs::read_to_string(cluster.dir.path().join(format!("data/nodes/{dead}/im.pid")))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
     // SAFETY: the exact pid `up` recorded for this node's instance manager.
     unsafe { libc::kill(im_pid, libc::SIGKILL) };
     kill9(replica_pid);
@@ -297,16 +331,24 @@ fn attach_goes_ahead_without_a_replica_whose_node_is_gone() {
         let nodes = cluster.json(&["node", "list"]);
         nodes.as_array().unwrap().iter().any(|n| {
             n["metadata"]["name"] == dead.as_str()
-                && n["status"]["conditions"].as_array().is_some_and(|c| c.iter().any(|c| c["type"] == "Ready" && c["status"] == "False"))
+                && n["status"]["conditions"]
+                    .as_array()
+                    .is_some_and(|c| c.iter().any(|c| c["type"] == "Ready" && c["status"] == "False"))
         })
     });
     // Not stuck attaching: the engine starts with the two that are there.
-    let endpoint = cluster.cli(&["volume", "attach", "v1", "--node", "n-1", "--timeout-secs", "60"]).expect("attach").trim().to_string();
+    let endpoint = cluster
+        .cli(&["volume", "attach", "v1", "--node", "n-1", "--timeout-secs", "60"])
+        .expect("attach")
+        .trim()
+        .to_string();
     qemu_io(&endpoint, "read -P 0x5a 0 4M").expect("data served");
     assert!(
         has_event(&cluster, "v1", "ReplicaFailed", &format!("node {dead} unreachable")),
         "{:#?}",
         events(&cluster, "v1")
     );
-    cluster.wait(Duration::from_secs(20), "degraded, not faulted", || cluster.volume("v1")["status"]["robustness"] == "degraded");
+    cluster.wait(Duration::from_secs(20), "degraded, not faulted", || {
+        cluster.volume("v1")["status"]["robustness"] == "degraded"
+    });
 }

@@ -159,7 +159,8 @@ fn instances_are_supervised_not_restarted_and_survive_an_instance_manager_restar
             tonic::Code::NotFound
         );
         // A store in use cannot be deleted underneath its replica.
-        let busy = c.delete_store(DeleteStoreRequest { store: format!("file:{}", dir.path().join("r4.img").display()) }).await;
+        let busy =
+            c.delete_store(DeleteStoreRequest { store: format!("file:{}", dir.path().join("r4.img").display()) }).await;
         assert_eq!(busy.unwrap_err().code(), tonic::Code::FailedPrecondition);
         let log = c.log(LogRequest { name: "r4".into(), max_bytes: 0 }).await.unwrap().into_inner();
         assert!(log.text.contains("listening on"), "{}", log.text);
@@ -185,7 +186,11 @@ fn instances_are_supervised_not_restarted_and_survive_an_instance_manager_restar
             let e = c.create(bad).await.unwrap_err();
             assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
         }
-        let disk = c.disk_status(DiskStatusRequest { disk: format!("file:{}", dir.path().display()) }).await.unwrap().into_inner();
+        let disk = c
+            .disk_status(DiskStatusRequest { disk: format!("file:{}", dir.path().display()) })
+            .await
+            .unwrap()
+            .into_inner();
         assert!(disk.total_bytes > 0 && disk.stores.iter().any(|s| s.ends_with("r4.img")), "{disk:?}");
 
         // SIGTERM stops the instance manager only.

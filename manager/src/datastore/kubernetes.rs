@@ -69,7 +69,10 @@ impl Datastore for KubeStore {
 
     async fn replace<K: Object>(&self, object: &K) -> Result<K> {
         let name = object.name_any();
-        self.api::<K>().replace(&name, &PostParams::default(), object).await.map_err(|e| map_error::<K>(&name, e, conflict))
+        self.api::<K>()
+            .replace(&name, &PostParams::default(), object)
+            .await
+            .map_err(|e| map_error::<K>(&name, e, conflict))
     }
 
     async fn replace_status<K: Object>(&self, object: &K) -> Result<K> {
