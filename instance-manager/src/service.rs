@@ -314,7 +314,7 @@ impl InstanceManagerService {
         Err(Status::resource_exhausted(format!("no free port left in {}-{}", self.config.ports.0, self.config.ports.1)))
     }
 
-    fn command(&self, name: &str, spec: &Spec, ports: &[u16]) -> (PathBuf, Vec<String>, String, String, String) {
+    fn command(&self, spec: &Spec, ports: &[u16]) -> (PathBuf, Vec<String>, String, String, String) {
         let ip = self.config.address;
         match spec {
             Spec::Replica { store, size_bytes } => {
@@ -368,7 +368,6 @@ impl InstanceManagerService {
                 } else {
                     String::new()
                 };
-                let _ = name;
                 (
                     self.config.bin_dir.join("ironhorn-engine"),
                     args,
@@ -404,7 +403,7 @@ impl InstanceManagerService {
             return Err(Status::already_exists(format!("store {store} is in use by instance {}", user.name)));
         }
         let ports = self.allocate_ports(&inner, if matches!(spec, Spec::Engine { .. }) { 2 } else { 1 })?;
-        let (binary, args, address, nbd_endpoint, blockdev_path) = self.command(&request.name, &spec, &ports);
+        let (binary, args, address, nbd_endpoint, blockdev_path) = self.command(&spec, &ports);
         let log_path = self.config.data_dir.join("logs").join(format!("{}.log", request.name));
         let log = OpenOptions::new()
             .create(true)

@@ -511,7 +511,9 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
         let want_node = volume.spec.node_id.clone();
         let now = now();
 
-        // An engine running where it should not: stop it first.
+        // An engine running where it should not: stop it first. (One on an
+        // unreachable node cannot be stopped; the new engine's higher epoch
+        // fences it out of the replicas.)
         if let Some(e) = engine {
             let running_elsewhere = e.spec.node_id != want_node || want_node.is_empty();
             if running_elsewhere && let Some(node) = snapshot.node(&e.spec.node_id) {
@@ -520,9 +522,6 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
                     self.cluster.delete_instance(&node.spec.instance_manager_address, &engine_name, false).await?;
                     tracing::info!(volume = %name, node = %e.spec.node_id, "engine stopped");
                 }
-            } else if running_elsewhere && !e.spec.node_id.is_empty() && !snapshot.node_ready(&e.spec.node_id) {
-                // Its node is unreachable: the new engine's higher epoch
-                // fences the old one out of the replicas.
             }
         }
 

@@ -90,16 +90,7 @@ fn loop_of(file: &Path) -> Option<String> {
 }
 
 fn lvm(tool: &str, args: &[&str]) -> Result<String, String> {
-    let mut all = vec!["--driverloaded", "n"];
-    if device_mapper_present() {
-        all.clear();
-    }
-    all.extend_from_slice(args);
-    run(tool, &all)
-}
-
-fn device_mapper_present() -> bool {
-    std::fs::read_to_string("/proc/misc").is_ok_and(|misc| misc.lines().any(|l| l.ends_with(" device-mapper")))
+    ironhorn_replica::lvm::tool(tool, args).map_err(|e| e.to_string())
 }
 
 /// Makes (or finds) node's LVM disk: returns (disk path, loop device).
@@ -114,7 +105,7 @@ fn lvm_disk(data_dir: &Path, node: &str, dir: &Path, size: u64) -> Result<(Strin
         None => run("losetup", &["--find", "--show", image.to_str().ok_or("bad path")?])?.trim().to_string(),
     };
     let vg = vg_name(data_dir, node);
-    if run("vgs", &[&vg]).is_err() {
+    if ironhorn_replica::lvm::vg_info(&vg).is_err() {
         lvm("pvcreate", &["-y", &device])?;
         lvm("vgcreate", &[&vg, &device])?;
     }
@@ -335,12 +326,9 @@ pub fn purge(data_dir: &Path) -> Result<(), String> {
             continue;
         }
         let vg = vg_name(&data_dir, &node);
-        if run("vgs", &[&vg]).is_ok() {
-            for lv in run("lvs", &["--noheadings", "-o", "lv_name", &vg]).unwrap_or_default().lines() {
-                let lv = lv.trim();
-                if !lv.is_empty() {
-                    lvm("lvremove", &["-y", &format!("{vg}/{lv}")])?;
-                }
+        if let Ok(lvs) = ironhorn_replica::lvm::lv_list(&vg) {
+            for lv in lvs {
+                ironhorn_replica::lvm::lv_remove(&vg, &lv).map_err(|e| e.to_string())?;
             }
             lvm("vgremove", &["-y", &vg])?;
         }

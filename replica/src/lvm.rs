@@ -132,6 +132,14 @@ pub fn lv_exists(vg: &str, lv: &str) -> io::Result<bool> {
     Ok(run(cmd).is_ok())
 }
 
+/// Runs an LVM tool with `args` (`--driverloaded n` added where the kernel
+/// lacks device-mapper); its stdout, or its error lines.
+pub fn tool(tool: &str, args: &[&str]) -> io::Result<String> {
+    let mut cmd = lvm_command(tool);
+    cmd.args(args);
+    run(cmd)
+}
+
 /// Names of the LVs in a volume group.
 pub fn lv_list(vg: &str) -> io::Result<Vec<String>> {
     vg_info(vg)?;
