@@ -33,6 +33,19 @@ fn kill9(pid: u32) {
     unsafe { libc::kill(pid as i32, libc::SIGKILL) };
 }
 
+/// A node dies for good: its instance manager and its replica `replica`.
+fn kill_node(cluster: &StandaloneCluster, node: &str, replica: &str) {
+    let (replica_pid, _) = instance(cluster, node, replica).expect("replica instance");
+    let im_pid: u32 = std::fs::read_to_string(cluster.dir.path().join(format!("data/nodes/{node}/im.pid")))
+        .expect("im.pid")
+        .trim()
+        .parse()
+        .expect("a pid");
+    // The exact pid `up` recorded for this node's instance manager.
+    kill9(im_pid);
+    kill9(replica_pid);
+}
+
 fn setting(cluster: &StandaloneCluster, name: &str, value: &str) {
     cluster.cli(&["setting", "set", name, value]).unwrap_or_else(|e| panic!("set {name}: {e}"));
 }
@@ -167,16 +180,7 @@ fn a_dead_node_is_replaced_on_the_fourth_node_after_the_wait_interval_one_rebuil
     let spare = ["n-1", "n-2", "n-3", "n-4"].into_iter().find(|n| !used.iter().any(|u| u == n)).unwrap().to_string();
     let (victim, dead) = remote_replica(&cluster, "v1");
 
-    // The node dies: its instance manager for good, and its replica with it.
-    let (replica_pid, _) = instance(&cluster, &dead, &victim).unwrap();
-    let im_pid: i32 = std::fs::read_to_string(cluster.dir.path().join(format!("data/nodes/{dead}/im.pid")))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
-    // SAFETY: the exact pid `up` recorded for this node's instance manager.
-    unsafe { libc::kill(im_pid, libc::SIGKILL) };
-    kill9(replica_pid);
+    kill_node(&cluster, &dead, &victim);
     let killed = Instant::now();
     // I/O carries on with two replicas.
     check(fio(&endpoint, "32M", &["--offset=128M"]).output().unwrap(), "write while degraded");
@@ -315,15 +319,7 @@ fn attach_goes_ahead_without_a_replica_whose_node_is_gone() {
     qemu_io(&endpoint, "write -P 0x5a 0 4M").expect("write");
     cluster.cli(&["volume", "detach", "v1"]).unwrap();
     let (victim, dead) = remote_replica(&cluster, "v1");
-    let (replica_pid, _) = instance(&cluster, &dead, &victim).unwrap();
-    let im_pid: i32 = std::fs::read_to_string(cluster.dir.path().join(format!("data/nodes/{dead}/im.pid")))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
-    // SAFETY: the exact pid `up` recorded for this node's instance manager.
-    unsafe { libc::kill(im_pid, libc::SIGKILL) };
-    kill9(replica_pid);
+    kill_node(&cluster, &dead, &victim);
     // The manager has seen the node go (else a pass that listed instances
     // just before the kill may start the engine with all three, and the
     // engine drops the dead one: also fine, but not this test's case).
