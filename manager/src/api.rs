@@ -247,15 +247,18 @@ async fn list_events<D: Datastore>(
 }
 
 async fn list_settings<D: Datastore>(State(store): State<D>) -> Reply {
-    let mut out = Vec::new();
-    for def in settings::DEFINITIONS {
-        out.push(json!({
-            "name": def.name,
-            "value": settings::get(&store, def.name).await?,
-            "default": def.default,
-            "description": def.description,
-        }));
-    }
+    let values = settings::Values::load(&store).await?;
+    let out = settings::DEFINITIONS
+        .iter()
+        .map(|def| {
+            json!({
+                "name": def.name,
+                "value": values.get(def.name),
+                "default": def.default,
+                "description": def.description,
+            })
+        })
+        .collect();
     Ok(Json(Value::Array(out)))
 }
 

@@ -64,6 +64,7 @@ pub struct Snapshot {
     pub volumes: Vec<Volume>,
     pub engines: Vec<Engine>,
     pub replicas: Vec<Replica>,
+    pub settings: settings::Values,
 }
 
 impl Snapshot {
@@ -186,6 +187,7 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
             volumes: self.store.list().await.map_err(ds)?,
             engines: self.store.list().await.map_err(ds)?,
             replicas: self.store.list().await.map_err(ds)?,
+            settings: settings::Values::load(&self.store).await.map_err(ds)?,
         })
     }
 
@@ -324,15 +326,11 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
         self.reconcile_engine(snapshot, volume, &replicas).await
     }
 
-    async fn limits(&self) -> Result<Limits, String> {
-        Ok(Limits {
-            over_provisioning_percentage: settings::get_u64(&self.store, "storage-over-provisioning-percentage")
-                .await
-                .map_err(ds)?,
-            minimal_available_percentage: settings::get_u64(&self.store, "storage-minimal-available-percentage")
-                .await
-                .map_err(ds)?,
-        })
+    fn limits(settings: &settings::Values) -> Limits {
+        Limits {
+            over_provisioning_percentage: settings.u64("storage-over-provisioning-percentage"),
+            minimal_available_percentage: settings.u64("storage-minimal-available-percentage"),
+        }
     }
 
     /// Disks as the scheduler sees them.
@@ -367,16 +365,16 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
         out
     }
 
-    async fn scheduling_request(&self, volume: &Volume, placed: Vec<Placed>) -> Result<scheduler::Request, String> {
+    fn scheduling_request(settings: &settings::Values, volume: &Volume, placed: Vec<Placed>) -> scheduler::Request {
         let soft = |choice: SoftAntiAffinity, default: bool| match choice {
             SoftAntiAffinity::Enabled => true,
             SoftAntiAffinity::Disabled => false,
             SoftAntiAffinity::Default => default,
         };
-        let node_soft = settings::get_bool(&self.store, "replica-soft-anti-affinity").await.map_err(ds)?;
-        let zone_soft = settings::get_bool(&self.store, "replica-zone-soft-anti-affinity").await.map_err(ds)?;
-        let disk_soft = settings::get_bool(&self.store, "replica-disk-soft-anti-affinity").await.map_err(ds)?;
-        Ok(scheduler::Request {
+        let node_soft = settings.bool("replica-soft-anti-affinity");
+        let zone_soft = settings.bool("replica-zone-soft-anti-affinity");
+        let disk_soft = settings.bool("replica-disk-soft-anti-affinity");
+        scheduler::Request {
             size: volume.spec.size,
             node_selector: volume.spec.node_selector.clone(),
             disk_selector: volume.spec.disk_selector.clone(),
@@ -384,15 +382,15 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
             zone_soft: soft(volume.spec.replica_zone_soft_anti_affinity, zone_soft),
             disk_soft: soft(volume.spec.replica_disk_soft_anti_affinity, disk_soft),
             placed,
-        })
+        }
     }
 
     /// A new volume gets all its replicas placed at once, or none.
     async fn schedule_new_volume(&self, snapshot: &Snapshot, volume: &Volume) -> Outcome {
         let name = volume.name_any();
-        let request = self.scheduling_request(volume, Vec::new()).await?;
+        let request = Self::scheduling_request(&snapshot.settings, volume, Vec::new());
         let count = volume.spec.number_of_replicas as usize;
-        let limits = self.limits().await?;
+        let limits = Self::limits(&snapshot.settings);
         let now = now();
         match scheduler::schedule_replicas(&request, count, &Self::candidates(snapshot), limits) {
             Err(why) => {
@@ -657,7 +655,7 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
                     .map_err(ds)?;
                 }
             }
-            let timeout = settings::get_u64(&self.store, "engine-replica-timeout").await.map_err(ds)?;
+            let timeout = snapshot.settings.u64("engine-replica-timeout");
             let request = pb::CreateRequest {
                 name: engine_name.clone(),
                 spec: Some(pb::create_request::Spec::Engine(pb::EngineSpec {
@@ -903,8 +901,7 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
                 }
             }
         }
-        let limit =
-            settings::get_u64(&self.store, "concurrent-replica-rebuild-per-node-limit").await.map_err(ds)? as usize;
+        let limit = snapshot.settings.u64("concurrent-replica-rebuild-per-node-limit") as usize;
 
         // A healthy replica the engine does not have yet (reused, created or
         // salvaged): bring it in, one rebuild at a time.
@@ -967,16 +964,14 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
         let stale_timeout = if volume.spec.stale_replica_timeout > 0 {
             secs(volume.spec.stale_replica_timeout * 60)
         } else {
-            secs(settings::get_u64(&self.store, "stale-replica-timeout").await.map_err(ds)?)
+            secs(snapshot.settings.u64("stale-replica-timeout"))
         };
         let policy = replenish::Policy {
             now: now_ts,
-            replenishment_wait: secs(
-                settings::get_u64(&self.store, "replica-replenishment-wait-interval").await.map_err(ds)?,
-            ),
-            retry_max: settings::get_u64(&self.store, "replica-rebuild-retry-max").await.map_err(ds)? as u32,
-            backoff_initial: secs(settings::get_u64(&self.store, "replica-rebuild-backoff-initial").await.map_err(ds)?),
-            backoff_max: secs(settings::get_u64(&self.store, "replica-rebuild-backoff-max").await.map_err(ds)?),
+            replenishment_wait: secs(snapshot.settings.u64("replica-replenishment-wait-interval")),
+            retry_max: snapshot.settings.u64("replica-rebuild-retry-max") as u32,
+            backoff_initial: secs(snapshot.settings.u64("replica-rebuild-backoff-initial")),
+            backoff_max: secs(snapshot.settings.u64("replica-rebuild-backoff-max")),
             stale_timeout,
             per_node_rebuild_limit: limit,
         };
@@ -1044,8 +1039,8 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
                 Placed { node: r.spec.node_id.clone(), disk: r.spec.disk_id.clone(), zone: zone.unwrap_or_default() }
             })
             .collect();
-        let request = self.scheduling_request(volume, placed).await?;
-        let limits = self.limits().await?;
+        let request = Self::scheduling_request(&snapshot.settings, volume, placed);
+        let limits = Self::limits(&snapshot.settings);
         let now = now();
         match scheduler::schedule_replica(&request, &Self::candidates(snapshot), limits) {
             Err(why) => {

@@ -2,6 +2,10 @@
 //! default and a validator. Stored as Setting objects; an absent object means
 //! the default.
 
+use std::collections::HashMap;
+
+use kube::ResourceExt;
+
 use crate::crd::{Setting, SettingSpec};
 use crate::datastore::{self, Datastore};
 
@@ -121,7 +125,37 @@ pub fn validate(name: &str, value: &str) -> Result<String, String> {
     }
 }
 
-/// Reads a setting's value, falling back to its default.
+/// Every setting's value, read with one list: a reconcile pass reads them
+/// once, not once per use (a GET each on Kubernetes).
+#[derive(Clone, Debug, Default)]
+pub struct Values(HashMap<String, String>);
+
+impl Values {
+    pub async fn load<D: Datastore>(store: &D) -> datastore::Result<Values> {
+        let all: Vec<Setting> = store.list().await?;
+        Ok(Values(all.into_iter().map(|s| (s.name_any(), s.spec.value)).collect()))
+    }
+
+    /// A defined setting's value, or its default when unset.
+    pub fn get(&self, name: &str) -> &str {
+        let def = definition(name).expect("settings are read by their defined names");
+        self.0.get(name).map_or(def.default, String::as_str)
+    }
+
+    /// An integer setting; a stored value that does not parse (written
+    /// around the validator) reads as the default.
+    pub fn u64(&self, name: &str) -> u64 {
+        self.get(name)
+            .parse()
+            .unwrap_or_else(|_| definition(name).expect("defined").default.parse().expect("default parses"))
+    }
+
+    pub fn bool(&self, name: &str) -> bool {
+        self.get(name) == "true"
+    }
+}
+
+/// Reads one setting's value, falling back to its default.
 pub async fn get<D: Datastore>(store: &D, name: &str) -> datastore::Result<String> {
     let def = definition(name).expect("settings are read by their defined names");
     Ok(store.get::<Setting>(name).await?.map(|s| s.spec.value).unwrap_or_else(|| def.default.to_string()))
@@ -129,11 +163,7 @@ pub async fn get<D: Datastore>(store: &D, name: &str) -> datastore::Result<Strin
 
 pub async fn get_u64<D: Datastore>(store: &D, name: &str) -> datastore::Result<u64> {
     let value = get(store, name).await?;
-    Ok(value.parse().unwrap_or_else(|_| definition(name).expect("defined").default.parse().expect("default parses")))
-}
-
-pub async fn get_bool<D: Datastore>(store: &D, name: &str) -> datastore::Result<bool> {
-    Ok(get(store, name).await? == "true")
+    Ok(Values(HashMap::from([(name.to_string(), value)])).u64(name))
 }
 
 /// Sets a setting (validated), creating its object when needed.
@@ -165,5 +195,19 @@ mod tests {
         assert!(validate("nope", "1").is_err());
         assert!(validate("storage-minimal-available-percentage", "-3").is_err());
         assert!(validate("replica-soft-anti-affinity", "yes").is_err());
+    }
+
+    #[test]
+    fn values_fall_back_to_defaults() {
+        let values = Values(HashMap::from([
+            ("replica-rebuild-retry-max".to_string(), "7".to_string()),
+            ("replica-soft-anti-affinity".to_string(), "true".to_string()),
+            ("engine-replica-timeout".to_string(), "junk".to_string()),
+        ]));
+        assert_eq!(values.u64("replica-rebuild-retry-max"), 7);
+        assert!(values.bool("replica-soft-anti-affinity"));
+        assert_eq!(values.u64("engine-replica-timeout"), 8, "an unparsable value reads as the default");
+        assert_eq!(values.u64("replica-replenishment-wait-interval"), 600);
+        assert!(!values.bool("replica-zone-soft-anti-affinity"));
     }
 }
