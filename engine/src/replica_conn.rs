@@ -3,7 +3,9 @@
 //!
 //! Requests are queued on an unbounded channel, so the engine can enqueue
 //! one request to every replica under one short lock and keep the same
-//! order on every stream; the engine bounds how many are in flight. When the
+//! order on every stream; the engine bounds how many are in flight. Each
+//! stream message carries every request queued when the transport asked
+//! for the next one (see `ironhorn_proto::batch`). When the
 //! stream breaks, every waiting request fails at once.
 
 use std::collections::HashMap;
@@ -12,10 +14,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
+use ironhorn_proto::batch::Batches;
 use ironhorn_proto::replica::replica_client::ReplicaClient;
-use ironhorn_proto::replica::{IoOp, IoRequest, IoResponse, IoStatus};
+use ironhorn_proto::replica::{IoOp, IoRequest, IoRequests, IoResponse, IoStatus};
 use tokio::sync::{mpsc, oneshot};
-use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::transport::{Channel, Endpoint};
 
 const MAX_MESSAGE_BYTES: usize = 64 << 20;
@@ -70,6 +72,7 @@ impl ReplicaConn {
         let endpoint = Endpoint::from_shared(format!("http://{address}"))
             .map_err(|e| ReplicaError::Invalid(format!("replica address {address:?}: {e}")))?
             .tcp_nodelay(true)
+            .max_frame_size(ironhorn_proto::batch::H2_MAX_FRAME)
             .connect_timeout(timeout)
             .http2_keep_alive_interval(Duration::from_secs(5))
             .keep_alive_timeout(timeout);
@@ -81,7 +84,8 @@ impl ReplicaConn {
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES);
         let (tx, rx) = mpsc::unbounded_channel::<IoRequest>();
-        let mut responses = tokio::time::timeout(timeout, client.io(UnboundedReceiverStream::new(rx)))
+        let requests = Batches::new(rx, |r: &IoRequest| r.data.len(), |requests| IoRequests { requests });
+        let mut responses = tokio::time::timeout(timeout, client.io(requests))
             .await
             .map_err(|_| ReplicaError::Failed(format!("open data stream to {address}: timed out")))?
             .map_err(|e| ReplicaError::Failed(format!("open data stream to {address}: {e}")))?
@@ -92,9 +96,12 @@ impl ReplicaConn {
         tokio::spawn(async move {
             loop {
                 match responses.message().await {
-                    Ok(Some(resp)) => {
-                        if let Some(tx) = w.lock().expect("waiters").remove(&resp.id) {
-                            let _ = tx.send(resp);
+                    Ok(Some(batch)) => {
+                        let mut waiting = w.lock().expect("waiters");
+                        for resp in batch.responses {
+                            if let Some(tx) = waiting.remove(&resp.id) {
+                                let _ = tx.send(resp);
+                            }
                         }
                     }
                     Ok(None) => break,

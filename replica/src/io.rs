@@ -221,25 +221,35 @@ struct Ring {
     free_slots: Vec<usize>,
     /// Requests waiting for room in the submission queue.
     backlog: VecDeque<Queued>,
+    /// The submitter has been woken and not yet run.
+    submit_requested: bool,
     in_flight: usize,
     /// Entries pushed to the submission queue but not yet submitted.
     unsubmitted: usize,
 }
 
-/// io_uring backend without a thread of its own: callers push SQEs and
-/// submit from their own task (one `io_uring_enter`, no hand-off), and the
-/// ring signals completions through an eventfd that tokio's reactor watches;
-/// a small task reaps them and wakes the callers. Idle, nothing runs.
+/// io_uring backend without a thread of its own: callers push SQEs and a
+/// submitter task hands them to the kernel, and the ring signals completions
+/// through an eventfd that tokio's reactor watches; a small task reaps them
+/// and wakes the callers. Idle, nothing runs.
+///
+/// Submission is deferred to the submitter, not done by each caller: the
+/// first caller of a burst wakes it, and it runs after the tasks that were
+/// already runnable, so every request of the burst (one stream message of
+/// many requests) goes to the kernel in one `io_uring_enter` and the disk
+/// sees them together. Submitting only when the ring was idle, and
+/// otherwise at the next completion, made the disk work in waves: requests
+/// that arrived while one read was in flight waited for it.
 pub struct UringIo {
     state: Arc<Mutex<Ring>>,
     fds: Vec<RawFd>,
     _files: Vec<Arc<File>>,
     reaper: tokio::task::JoinHandle<()>,
+    submitter: tokio::task::JoinHandle<()>,
+    submit_soon: Arc<tokio::sync::Notify>,
 }
 
 const RING_ENTRIES: u32 = 256;
-/// Queued entries that trigger a submit even while others are in flight.
-const SUBMIT_BATCH: usize = 16;
 
 impl Ring {
     /// Moves queued requests into the submission queue while there is room.
@@ -274,6 +284,18 @@ impl Ring {
             self.in_flight += 1;
             self.unsubmitted += 1;
         }
+    }
+
+    /// Moves the backlog into the ring and hands it to the kernel. On a
+    /// failure the entries stay queued for the next attempt (callers time
+    /// out on their own if the ring never recovers).
+    fn submit_queued(&mut self, fds: &[RawFd]) -> io::Result<()> {
+        self.submit_requested = false;
+        self.fill(fds);
+        if self.unsubmitted == 0 {
+            return Ok(());
+        }
+        self.submit()
     }
 
     /// Hands queued entries to the kernel.
@@ -337,11 +359,13 @@ impl UringIo {
             slots: Vec::new(),
             free_slots: Vec::new(),
             backlog: VecDeque::new(),
+            submit_requested: false,
             in_flight: 0,
             unsubmitted: 0,
         }));
         let fds: Vec<RawFd> = files.iter().map(|f| f.as_raw_fd()).collect();
-        let (reaper_state, reaper_fds) = (state.clone(), fds.clone());
+        let submit_soon = Arc::new(tokio::sync::Notify::new());
+        let (reaper_state, reaper_fds, reaper_wake) = (state.clone(), fds.clone(), submit_soon.clone());
         let reaper = tokio::spawn(async move {
             loop {
                 let Ok(mut ready) = event.readable().await else { return };
@@ -352,15 +376,25 @@ impl UringIo {
                 ready.clear_ready();
                 let mut ring = reaper_state.lock().expect("ring poisoned");
                 ring.reap();
-                ring.fill(&reaper_fds);
-                if ring.unsubmitted > 0 {
-                    if let Err(e) = ring.submit() {
-                        tracing::error!(error = %e, "io_uring submit failed");
-                    }
+                if let Err(e) = ring.submit_queued(&reaper_fds) {
+                    tracing::error!(error = %e, "io_uring submit failed; retrying");
+                    reaper_wake.notify_one();
                 }
             }
         });
-        Ok(Self { state, fds, _files: files, reaper })
+        let (submitter_state, submitter_fds, wake) = (state.clone(), fds.clone(), submit_soon.clone());
+        let submitter = tokio::spawn(async move {
+            loop {
+                wake.notified().await;
+                let result = submitter_state.lock().expect("ring poisoned").submit_queued(&submitter_fds);
+                if let Err(e) = result {
+                    tracing::error!(error = %e, "io_uring submit failed; retrying in 10 ms");
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                    wake.notify_one();
+                }
+            }
+        });
+        Ok(Self { state, fds, _files: files, reaper, submitter, submit_soon })
     }
 
     async fn submit(
@@ -375,13 +409,9 @@ impl UringIo {
         {
             let mut ring = self.state.lock().expect("ring poisoned");
             ring.backlog.push_back(Queued { op, file, offset, buf, reply });
-            let submitted_before = ring.in_flight - ring.unsubmitted;
-            ring.fill(&self.fds);
-            // Submit now when the ring is idle (latency) or a batch is ready;
-            // otherwise the reaper submits at the next completion, which is
-            // due soon because something is in flight (batching).
-            if submitted_before == 0 || ring.unsubmitted >= SUBMIT_BATCH || matches!(op, Op::Sync) {
-                ring.submit()?;
+            if !ring.submit_requested {
+                ring.submit_requested = true;
+                self.submit_soon.notify_one();
             }
         }
         done.await.map_err(|_| io::Error::other("io_uring request dropped"))?
@@ -391,6 +421,7 @@ impl UringIo {
 impl Drop for UringIo {
     fn drop(&mut self) {
         self.reaper.abort();
+        self.submitter.abort();
         // The kernel may still write into buffers of operations in flight:
         // wait for every one of them before the buffers are freed.
         let mut ring = self.state.lock().unwrap_or_else(|e| e.into_inner());

@@ -41,7 +41,9 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
     // Tests and supervisors read this line to learn the bound address.
     println!("listening on {local}");
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-    let router = tonic::transport::Server::builder().add_service(server::ReplicaService::new(store.clone()));
+    let router = tonic::transport::Server::builder()
+        .max_frame_size(ironhorn_proto::batch::H2_MAX_FRAME)
+        .add_service(server::ReplicaService::new(store.clone()));
     ironhorn_proto::shutdown::serve_router(router, incoming, std::time::Duration::from_secs(2), "gRPC server").await?;
     tracing::info!("shutting down");
     store.close().await.map_err(|e| format!("close store: {e}"))?;

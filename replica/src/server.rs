@@ -7,11 +7,11 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use ironhorn_proto::batch::Batches;
 use ironhorn_proto::replica::replica_server::{Replica, ReplicaServer};
 use ironhorn_proto::replica::*;
 use tokio::sync::{Semaphore, mpsc};
 use tokio_stream::Stream;
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::format::BLOCK_SIZE;
@@ -157,42 +157,46 @@ async fn complete(store: &Store, ordered: Ordered) -> IoResponse {
     }
 }
 
-type IoStream = Pin<Box<dyn Stream<Item = Result<IoResponse, Status>> + Send>>;
+type IoStream = Pin<Box<dyn Stream<Item = Result<IoResponses, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl Replica for ReplicaService {
     type IoStream = IoStream;
 
-    async fn io(&self, request: Request<Streaming<IoRequest>>) -> Result<Response<IoStream>, Status> {
+    async fn io(&self, request: Request<Streaming<IoRequests>>) -> Result<Response<IoStream>, Status> {
         let mut incoming = request.into_inner();
-        let (tx, rx) = mpsc::channel::<Result<IoResponse, Status>>(IN_FLIGHT_PER_STREAM);
+        // Unbounded, but never holds more than IN_FLIGHT_PER_STREAM: a
+        // permit is held until its response is queued.
+        let (tx, rx) = mpsc::unbounded_channel::<IoResponse>();
         let store = self.store.clone();
         tokio::spawn(async move {
             let limit = Arc::new(Semaphore::new(IN_FLIGHT_PER_STREAM));
             loop {
-                let next = incoming.message().await;
-                let req = match next {
-                    Ok(Some(req)) => req,
+                let batch = match incoming.message().await {
+                    Ok(Some(batch)) => batch,
                     Ok(None) => break,
                     Err(e) => {
                         tracing::debug!(error = %e, "I/O stream ended");
                         break;
                     }
                 };
-                let Ok(permit) = limit.clone().acquire_owned().await else {
-                    break;
-                };
-                let ordered = order(&store, req).await;
-                let store = store.clone();
-                let tx = tx.clone();
-                tokio::spawn(async move {
-                    let response = complete(&store, ordered).await;
-                    let _ = tx.send(Ok(response)).await;
-                    drop(permit);
-                });
+                for req in batch.requests {
+                    let Ok(permit) = limit.clone().acquire_owned().await else {
+                        return;
+                    };
+                    let ordered = order(&store, req).await;
+                    let store = store.clone();
+                    let tx = tx.clone();
+                    tokio::spawn(async move {
+                        let response = complete(&store, ordered).await;
+                        let _ = tx.send(response);
+                        drop(permit);
+                    });
+                }
             }
         });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        let batches = Batches::new(rx, |r: &IoResponse| r.data.len(), |responses| Ok(IoResponses { responses }));
+        Ok(Response::new(Box::pin(batches)))
     }
 
     async fn info(&self, _: Request<InfoRequest>) -> Result<Response<InfoResponse>, Status> {

@@ -11,10 +11,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use ironhorn_proto::batch::Batches;
 use ironhorn_proto::replica::replica_client::ReplicaClient;
-use ironhorn_proto::replica::{IoOp, IoRequest, IoResponse, IoStatus};
+use ironhorn_proto::replica::{IoOp, IoRequest, IoRequests, IoResponse, IoStatus};
 use tokio::sync::{mpsc, oneshot};
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
 
 pub const BLOCK: usize = 4096;
@@ -289,7 +289,7 @@ pub fn version_of(block: u64, data: &[u8]) -> Option<u64> {
 /// responses matched by id.
 #[derive(Clone)]
 pub struct DataStream {
-    tx: mpsc::Sender<IoRequest>,
+    tx: mpsc::UnboundedSender<IoRequest>,
     waiting: std::sync::Arc<std::sync::Mutex<HashMap<u64, oneshot::Sender<IoResponse>>>>,
     next_id: std::sync::Arc<AtomicU64>,
 }
@@ -310,14 +310,17 @@ pub async fn connect(address: &str) -> ReplicaClient<Channel> {
 
 impl DataStream {
     pub async fn open(client: &mut ReplicaClient<Channel>) -> DataStream {
-        let (tx, rx) = mpsc::channel::<IoRequest>(1024);
-        let mut responses = client.io(ReceiverStream::new(rx)).await.expect("open Io stream").into_inner();
+        let (tx, rx) = mpsc::unbounded_channel::<IoRequest>();
+        let requests = Batches::new(rx, |r: &IoRequest| r.data.len(), |requests| IoRequests { requests });
+        let mut responses = client.io(requests).await.expect("open Io stream").into_inner();
         let waiting: std::sync::Arc<std::sync::Mutex<HashMap<u64, oneshot::Sender<IoResponse>>>> = Default::default();
         let w = waiting.clone();
         tokio::spawn(async move {
-            while let Ok(Some(resp)) = responses.message().await {
-                if let Some(tx) = w.lock().unwrap().remove(&resp.id) {
-                    let _ = tx.send(resp);
+            while let Ok(Some(batch)) = responses.message().await {
+                for resp in batch.responses {
+                    if let Some(tx) = w.lock().unwrap().remove(&resp.id) {
+                        let _ = tx.send(resp);
+                    }
                 }
             }
             // Stream ended: dropping the senders fails every waiter.
@@ -340,7 +343,7 @@ impl DataStream {
         let (tx, rx) = oneshot::channel();
         self.waiting.lock().unwrap().insert(id, tx);
         let req = IoRequest { id, op: op as i32, offset, length, data, epoch, fua: false };
-        if self.tx.send(req).await.is_err() {
+        if self.tx.send(req).is_err() {
             self.waiting.lock().unwrap().remove(&id);
         }
         rx
