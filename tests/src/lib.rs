@@ -316,7 +316,15 @@ impl DataStream {
         let waiting: std::sync::Arc<std::sync::Mutex<HashMap<u64, oneshot::Sender<IoResponse>>>> = Default::default();
         let w = waiting.clone();
         tokio::spawn(async move {
-            while let Ok(Some(batch)) = responses.message().await {
+            loop {
+                let batch = match responses.message().await {
+                    Ok(Some(batch)) => batch,
+                    Ok(None) => break,
+                    Err(e) => {
+                        eprintln!("replica data stream failed: {e}");
+                        break;
+                    }
+                };
                 for resp in batch.responses {
                     if let Some(tx) = w.lock().unwrap().remove(&resp.id) {
                         let _ = tx.send(resp);

@@ -229,6 +229,52 @@ fn an_older_epoch_is_fenced_and_changes_nothing() {
     });
 }
 
+/// One stream message carrying many requests: overlapping writes land in
+/// message order, every request gets its own answer (a bad one an error,
+/// the rest still served).
+#[test]
+fn one_message_of_many_requests_is_applied_in_order() {
+    use ironhorn_proto::replica::{IoRequest, IoRequests, IoStatus};
+    let dir = TempDir::new("batch");
+    let store = format!("file:{}", dir.path().join("r.img").display());
+    let rt = runtime();
+    let replica = start_replica("replica", &store, VOLUME, dir.path(), &[]).unwrap();
+    rt.block_on(async {
+        let mut client = connect(&replica.address).await;
+        let write = |id: u64, block: u64, version: u64| IoRequest {
+            id,
+            op: IoOp::Write as i32,
+            offset: block * BLOCK as u64,
+            length: BLOCK as u64,
+            data: pattern(block, version).into(),
+            epoch: EPOCH,
+            fua: false,
+        };
+        // Block 7 written five times in one message; block 8 once, with a
+        // request in between whose length does not match its data.
+        let mut requests: Vec<IoRequest> = (1..=5).map(|v| write(v, 7, v)).collect();
+        requests.push(IoRequest { length: 3 * BLOCK as u64, ..write(6, 9, 1) });
+        requests.push(write(7, 8, 1));
+        requests.push(IoRequest { id: 8, op: IoOp::Flush as i32, epoch: EPOCH, ..Default::default() });
+        let mut responses =
+            client.io(tokio_stream::iter([IoRequests { requests }])).await.expect("open Io stream").into_inner();
+        let mut answered = std::collections::BTreeMap::new();
+        while answered.len() < 8 {
+            let batch = responses.message().await.expect("stream").expect("answers for every request");
+            for r in batch.responses {
+                assert!(answered.insert(r.id, r.status).is_none(), "request {} answered twice", r.id);
+            }
+        }
+        let ok = IoStatus::Ok as i32;
+        assert_eq!(answered[&6], IoStatus::InvalidArgument as i32);
+        assert!(answered.iter().filter(|(id, _)| **id != 6).all(|(_, s)| *s == ok), "{answered:?}");
+        let s = DataStream::open(&mut client).await;
+        assert_eq!(version_of(7, &s.read(7 * BLOCK as u64, BLOCK as u64, EPOCH).await.unwrap()), Some(5));
+        assert_eq!(version_of(8, &s.read(8 * BLOCK as u64, BLOCK as u64, EPOCH).await.unwrap()), Some(1));
+        assert_eq!(version_of(9, &s.read(9 * BLOCK as u64, BLOCK as u64, EPOCH).await.unwrap()), Some(0));
+    });
+}
+
 #[test]
 fn lvm_store_with_a_second_segment_survives_restart_and_delete_removes_it() {
     let dir = TempDir::new("lvm");
