@@ -339,14 +339,7 @@ impl DataStream {
 
     /// Sends one request; the returned receiver yields its response, or an
     /// error when the stream broke first.
-    pub async fn send(
-        &self,
-        op: IoOp,
-        offset: u64,
-        length: u64,
-        data: Bytes,
-        epoch: u64,
-    ) -> oneshot::Receiver<IoResponse> {
+    pub fn send(&self, op: IoOp, offset: u64, length: u64, data: Bytes, epoch: u64) -> oneshot::Receiver<IoResponse> {
         let id = self.next_id.fetch_add(1, Ordering::SeqCst);
         let (tx, rx) = oneshot::channel();
         self.waiting.lock().unwrap().insert(id, tx);
@@ -365,7 +358,7 @@ impl DataStream {
         data: Bytes,
         epoch: u64,
     ) -> Result<IoResponse, String> {
-        self.send(op, offset, length, data, epoch).await.await.map_err(|_| "stream closed".to_string())
+        self.send(op, offset, length, data, epoch).await.map_err(|_| "stream closed".to_string())
     }
 
     pub async fn write(&self, offset: u64, data: Vec<u8>, epoch: u64) -> Result<(), String> {

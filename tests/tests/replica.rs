@@ -58,7 +58,7 @@ async fn write_then_crash(replica: &mut Process, ledger: &Arc<Mutex<Ledger>>, ru
             data.extend(pattern(first + i as u64, *v));
         }
         // Sent here, in version order; only the wait runs in a task.
-        let pending = stream.send(IoOp::Write, first * BLOCK as u64, data.len() as u64, data.into(), EPOCH).await;
+        let pending = stream.send(IoOp::Write, first * BLOCK as u64, data.len() as u64, data.into(), EPOCH);
         let l = ledger.clone();
         tasks.spawn(async move {
             if pending.await.map(check).is_ok_and(|r| r.is_ok()) {
