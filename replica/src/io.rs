@@ -250,12 +250,36 @@ pub struct UringIo {
 }
 
 const RING_ENTRIES: u32 = 256;
+/// Below this many outstanding requests, all of them go to the disk.
+const MIN_DISK_DEPTH: usize = 4;
+
+/// How many of `outstanding` requests (in flight plus waiting) the disk may
+/// hold at once: half of them, at least [`MIN_DISK_DEPTH`], at most the ring.
+///
+/// The other half is a reserve. A client at queue depth N keeps N requests
+/// in the pipeline, and every hop back to it (reply to the engine, reply to
+/// the client, its next request, the way back) costs a process wake-up.
+/// Handing all N to the disk at once makes them travel as one convoy: the
+/// disk finishes them together and then sits idle for the whole round trip.
+/// With half held back, the reserve goes to the disk the moment the first
+/// half completes, so the disk works while the first half travels, and the
+/// returning requests become the next reserve. This is the same effect that
+/// a fixed worker pool gives a threaded server (nbdkit's 16 threads), but
+/// it follows the offered depth instead of fixing it. Measured in this VM
+/// (1 replica, fio over NBD, 4 KiB random reads, docs/benchmarks.md): QD32
+/// 34k → 52–58k IOPS, QD64 43k → 61k; QD1–4 unchanged.
+fn disk_depth(outstanding: usize) -> usize {
+    outstanding.div_ceil(2).max(MIN_DISK_DEPTH).min(RING_ENTRIES as usize)
+}
 
 impl Ring {
-    /// Moves queued requests into the submission queue while there is room.
+    /// Moves queued requests into the submission queue while the disk has
+    /// room for them (see [`disk_depth`]). What stays queued goes in as
+    /// completions arrive: the reaper refills after every reap.
     fn fill(&mut self, fds: &[RawFd]) {
         use io_uring::{opcode, types};
-        while self.in_flight < RING_ENTRIES as usize {
+        let depth = disk_depth(self.in_flight + self.backlog.len());
+        while self.in_flight < depth {
             let Some(mut q) = self.backlog.pop_front() else { break };
             let fd = types::Fd(fds[q.file]);
             let sqe = match q.op {
@@ -452,6 +476,49 @@ mod tests {
         let past_end = backend.read(0, 1 << 20, AlignedBuf::zeroed(4096)).await;
         assert!(past_end.is_err(), "a read past the end must fail, not return zeroes");
         std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn disk_depth_keeps_half_in_reserve_above_the_minimum() {
+        assert_eq!(disk_depth(1), MIN_DISK_DEPTH);
+        assert_eq!(disk_depth(MIN_DISK_DEPTH), MIN_DISK_DEPTH);
+        assert_eq!(disk_depth(32), 16);
+        assert_eq!(disk_depth(33), 17);
+        assert_eq!(disk_depth(10_000), RING_ENTRIES as usize);
+    }
+
+    /// Far more concurrent reads than the disk depth allows at once: the
+    /// ones held back must all go in as earlier ones complete.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn requests_held_back_all_complete_with_their_own_data() {
+        let path = std::env::temp_dir().join(format!("ironhorn-io-depth-{}", std::process::id()));
+        let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).unwrap();
+        let blocks = 600usize;
+        let mut content = vec![0u8; blocks * IO_ALIGN];
+        for (i, block) in content.chunks_mut(IO_ALIGN).enumerate() {
+            block.fill((i % 253) as u8 + 1);
+        }
+        file.write_all_at(&content, 0).unwrap();
+        let backend = Arc::new(Backend::new(BackendKind::Uring, vec![Arc::new(file)]).unwrap());
+        let reads = (0..blocks).map(|i| {
+            let backend = backend.clone();
+            tokio::spawn(async move { backend.read(0, (i * IO_ALIGN) as u64, AlignedBuf::zeroed(IO_ALIGN)).await })
+        });
+        for (i, read) in join_in_order(reads.collect()).await.into_iter().enumerate() {
+            let buf = read.unwrap();
+            assert!(buf.iter().all(|&b| b == (i % 253) as u8 + 1), "block {i} read another block's data");
+        }
+        let Backend::Uring(u) = &*backend else { panic!("built as io_uring") };
+        assert_eq!(u.state.lock().unwrap().in_flight, 0);
+        std::fs::remove_file(path).unwrap();
+    }
+
+    async fn join_in_order<T>(handles: Vec<tokio::task::JoinHandle<T>>) -> Vec<T> {
+        let mut out = Vec::with_capacity(handles.len());
+        for h in handles {
+            out.push(h.await.unwrap());
+        }
+        out
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
