@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ironhorn_proto::instance::{self as pb, InstanceState};
+use ironhorn_replica::store::default_store_bytes;
 use kube::ResourceExt;
 
 use crate::cluster::Cluster;
@@ -358,7 +359,7 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
                     maximum: ds.storage_maximum,
                     available: ds.storage_available,
                     reserved: disk.storage_reserved,
-                    scheduled: scheduled.map(|r| r.spec.volume_size).sum(),
+                    scheduled: scheduled.map(|r| default_store_bytes(r.spec.volume_size)).sum(),
                 });
             }
         }
@@ -375,7 +376,7 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
         let zone_soft = settings.bool("replica-zone-soft-anti-affinity");
         let disk_soft = settings.bool("replica-disk-soft-anti-affinity");
         scheduler::Request {
-            size: volume.spec.size,
+            size: default_store_bytes(volume.spec.size),
             node_selector: volume.spec.node_selector.clone(),
             disk_selector: volume.spec.disk_selector.clone(),
             node_soft: soft(volume.spec.replica_soft_anti_affinity, node_soft),

@@ -30,6 +30,8 @@ pub struct DiskCandidate {
     pub maximum: u64,
     pub available: u64,
     pub reserved: u64,
+    /// Bytes the stores already placed on this disk take (not their
+    /// volumes' sizes: a store is larger, see `Request::size`).
     pub scheduled: u64,
 }
 
@@ -43,6 +45,10 @@ pub struct Placed {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Request {
+    /// Bytes the new replica's store takes on the disk: the volume plus the
+    /// store's journal, checkpoints and snapshot headroom (about 1.25× and
+    /// more for small volumes), so a placement that fits here also fits
+    /// when the LV is created.
     pub size: u64,
     pub node_selector: Vec<String>,
     pub disk_selector: Vec<String>,

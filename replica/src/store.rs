@@ -112,6 +112,12 @@ pub fn default_capacity(volume_size: u64, journal_blocks: u64) -> u64 {
     (format::SUPERBLOCK_SLOTS + journal_blocks + data + 2 * checkpoint_blocks_for(data, 8) + 16) * BLOCK_SIZE
 }
 
+/// Bytes a store for a volume of `volume_size` takes when created with the
+/// defaults (what an LV for it is sized to): what schedulers count.
+pub fn default_store_bytes(volume_size: u64) -> u64 {
+    default_capacity(volume_size, default_journal_blocks(volume_size))
+}
+
 fn now_unix_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }

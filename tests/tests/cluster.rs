@@ -111,6 +111,37 @@ fn three_replicas_on_three_nodes_attach_fio_detach_delete_gives_space_back() {
     assert!(cluster.replicas_of("v1").is_empty());
 }
 
+/// A store is larger than its volume (journal, checkpoints, snapshot
+/// headroom). With the minimal-available floor at 0 %, only counting the
+/// store keeps the scheduler from placing a replica whose LV cannot be made.
+#[test]
+fn placement_counts_the_store_not_just_the_volume() {
+    let cluster = StandaloneCluster::start("up-store", 1, 29500, "512MiB");
+    cluster.cli(&["setting", "set", "storage-minimal-available-percentage", "0"]).expect("setting");
+    // 450 MiB is less than the disk, but its store (~570 MiB) is more.
+    cluster.cli(&["volume", "create", "wide", "--size", "450MiB", "--replicas", "1"]).expect("create");
+    cluster.wait(Duration::from_secs(30), "wide unscheduled for insufficient storage", || {
+        cluster.volume("wide")["status"]["conditions"]
+            .as_array()
+            .is_some_and(|c| c.iter().any(|c| c["type"] == "Scheduled" && c["reason"] == "InsufficientStorage"))
+    });
+    assert!(cluster.replicas_of("wide").is_empty());
+    assert!(cluster.lvs("n-1").is_empty(), "no LV was attempted: {:?}", cluster.lvs("n-1"));
+    // 350 MiB (a ~445 MiB store) fits: placed, its LV made, the volume usable.
+    cluster.cli(&["volume", "create", "narrow", "--size", "350MiB", "--replicas", "1"]).expect("create");
+    cluster.wait(Duration::from_secs(60), "narrow detached with its replica running", || {
+        cluster.volume("narrow")["status"]["state"] == "detached"
+    });
+    let replicas = cluster.replicas_of("narrow");
+    assert_eq!(replicas.len(), 1);
+    let name = replicas[0]["metadata"]["name"].as_str().unwrap().to_string();
+    assert_eq!(cluster.lvs("n-1"), vec![name]);
+    assert!(cluster.replicas_of("wide").is_empty(), "wide still does not fit beside narrow");
+    cluster.cli(&["volume", "delete", "wide"]).unwrap();
+    cluster.cli(&["volume", "delete", "narrow"]).unwrap();
+    assert!(cluster.lvs("n-1").is_empty());
+}
+
 #[test]
 fn a_volume_that_does_not_fit_stays_unscheduled_and_bad_requests_fail() {
     let cluster = StandaloneCluster::start("up-nofit", 3, 24500, "512MiB");
