@@ -3,6 +3,7 @@
 
 pub mod blockdev;
 pub mod control;
+pub mod metrics;
 pub mod nbd;
 pub mod replica_conn;
 pub mod volume;

@@ -49,6 +49,12 @@ enum Command {
         #[arg(long)]
         engine: String,
     },
+    /// Print the frontend request counters (requests, errors, bytes,
+    /// latency histogram per kind) as JSON.
+    Metrics {
+        #[arg(long)]
+        engine: String,
+    },
     /// Add or remove a replica.
     Replica {
         #[command(subcommand)]
@@ -177,6 +183,22 @@ async fn drive(command: Command) -> Result<(), String> {
         Command::Status { engine } => {
             let s = client(&engine).await?.status(StatusRequest {}).await.map_err(fail)?;
             print_status(s.into_inner());
+            Ok(())
+        }
+        Command::Metrics { engine } => {
+            let m = client(&engine).await?.metrics(MetricsRequest {}).await.map_err(fail)?.into_inner();
+            let ops: Vec<_> = m
+                .ops
+                .iter()
+                .map(|o| {
+                    serde_json::json!({
+                        "op": o.op, "requests": o.requests, "errors": o.errors, "bytes": o.bytes,
+                        "latency_ns_total": o.latency_ns_total, "latency_buckets": o.latency_buckets,
+                    })
+                })
+                .collect();
+            let json = serde_json::json!({"volume": m.volume, "latency_bounds_us": m.latency_bounds_us, "ops": ops});
+            println!("{}", serde_json::to_string_pretty(&json).expect("json"));
             Ok(())
         }
         Command::Replica { action: ReplicaAction::Add { engine, replica, no_wait } } => {

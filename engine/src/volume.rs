@@ -20,7 +20,7 @@
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures_util::future::join_all;
@@ -32,6 +32,7 @@ use ironhorn_proto::replica::{
 use serde::Serialize;
 use thiserror::Error;
 
+use crate::metrics;
 use crate::replica_conn::{ReplicaConn, ReplicaError, unary};
 
 pub const BLOCK: u64 = 4096;
@@ -192,6 +193,8 @@ pub struct Volume {
     unreachable: Mutex<Vec<(String, String)>>,
     /// Rebuild copy rate limit, so rebuilds do not starve the workload.
     rebuild_bytes_per_sec: AtomicU64,
+    /// Frontend requests (rebuild traffic is not counted here).
+    metrics: metrics::IoMetrics,
 }
 
 pub fn now_unix_ms() -> u64 {
@@ -238,6 +241,7 @@ impl Volume {
             frontends: Mutex::new(Vec::new()),
             unreachable: Mutex::new(Vec::new()),
             rebuild_bytes_per_sec: AtomicU64::new(0),
+            metrics: metrics::IoMetrics::default(),
         });
         let mut joined: Vec<(Arc<Replica>, InfoResponse)> = Vec::new();
         let mut rebuild = Vec::new();
@@ -455,7 +459,19 @@ impl Volume {
         Ok(())
     }
 
+    /// Counts a frontend request in the volume's metrics.
+    fn counted<T>(&self, op: metrics::Op, bytes: u64, started: Instant, result: Result<T>) -> Result<T> {
+        self.metrics.record(op, bytes, started, result.is_ok());
+        result
+    }
+
     pub async fn write(&self, offset: u64, data: Bytes, fua: bool) -> Result<()> {
+        let (started, length) = (Instant::now(), data.len() as u64);
+        let result = self.write_uncounted(offset, data, fua).await;
+        self.counted(metrics::Op::Write, length, started, result)
+    }
+
+    async fn write_uncounted(&self, offset: u64, data: Bytes, fua: bool) -> Result<()> {
         let length = data.len() as u64;
         self.check_range(offset, length)?;
         if length > MAX_IO_BYTES {
@@ -465,15 +481,32 @@ impl Volume {
     }
 
     pub async fn trim(&self, offset: u64, length: u64, fua: bool) -> Result<()> {
-        self.check_range(offset, length)?;
-        self.replicate(IoOp::Trim, offset, length, Bytes::new(), fua).await
+        let started = Instant::now();
+        let result = match self.check_range(offset, length) {
+            Ok(()) => self.replicate(IoOp::Trim, offset, length, Bytes::new(), fua).await,
+            Err(e) => Err(e),
+        };
+        self.counted(metrics::Op::Trim, length, started, result)
     }
 
     pub async fn flush(&self) -> Result<()> {
-        self.replicate(IoOp::Flush, 0, 0, Bytes::new(), false).await
+        let started = Instant::now();
+        let result = self.replicate(IoOp::Flush, 0, 0, Bytes::new(), false).await;
+        self.counted(metrics::Op::Flush, 0, started, result)
     }
 
     pub async fn read(&self, offset: u64, length: u64) -> Result<Bytes> {
+        let started = Instant::now();
+        let result = self.read_uncounted(offset, length).await;
+        self.counted(metrics::Op::Read, length, started, result)
+    }
+
+    /// Request counters of the frontends, by kind.
+    pub fn metrics(&self) -> Vec<metrics::OpSnapshot> {
+        self.metrics.snapshot()
+    }
+
+    async fn read_uncounted(&self, offset: u64, length: u64) -> Result<Bytes> {
         self.check_range(offset, length)?;
         if length > MAX_IO_BYTES {
             return Err(VolumeError::Invalid(format!("read of {length} bytes exceeds {MAX_IO_BYTES}")));

@@ -60,6 +60,7 @@ pub fn router<D: Datastore>(store: D) -> Router {
         .route("/v1/events", get(list_events::<D>))
         .route("/v1/settings", get(list_settings::<D>))
         .route("/v1/settings/{name}", get(get_setting::<D>).put(set_setting::<D>))
+        .route("/metrics", get(prometheus::<D>))
         .with_state(store)
 }
 
@@ -244,6 +245,11 @@ async fn list_events<D: Datastore>(
         })
         .collect();
     Ok(Json(Value::Array(out)))
+}
+
+async fn prometheus<D: Datastore>(State(store): State<D>) -> Result<Response, ApiError> {
+    let page = crate::metrics::gather(&store).await?;
+    Ok(([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], page).into_response())
 }
 
 async fn list_settings<D: Datastore>(State(store): State<D>) -> Reply {

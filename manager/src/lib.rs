@@ -9,6 +9,7 @@ pub mod controller;
 pub mod crd;
 pub mod datastore;
 pub mod events;
+pub mod metrics;
 pub mod replenish;
 pub mod scheduler;
 pub mod settings;

@@ -642,6 +642,23 @@ impl StandaloneCluster {
         }
     }
 
+    /// `GET path` on the manager's HTTP API: the body of a 200 answer.
+    pub fn http_get(&self, path: &str) -> Result<String, String> {
+        use std::io::{Read, Write};
+        let host = self.api.trim_start_matches("http://");
+        let mut stream = std::net::TcpStream::connect(host).map_err(|e| format!("connect {host}: {e}"))?;
+        stream.set_read_timeout(Some(Duration::from_secs(30))).map_err(|e| e.to_string())?;
+        write!(stream, "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n")
+            .map_err(|e| e.to_string())?;
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).map_err(|e| format!("read {path}: {e}"))?;
+        let (head, body) = answer.split_once("\r\n\r\n").ok_or_else(|| format!("no HTTP header: {answer}"))?;
+        if !head.starts_with("HTTP/1.1 200") {
+            return Err(format!("GET {path}: {head}\n{body}"));
+        }
+        Ok(body.to_string())
+    }
+
     pub fn json(&self, args: &[&str]) -> serde_json::Value {
         let mut all = args.to_vec();
         all.extend_from_slice(&["-o", "json"]);

@@ -91,6 +91,24 @@ fn three_replicas_on_three_nodes_attach_fio_detach_delete_gives_space_back() {
     assert_eq!(volume["status"]["currentNodeID"], "n-1");
     cluster.wait(Duration::from_secs(20), "v1 healthy", || cluster.volume("v1")["status"]["robustness"] == "healthy");
     run_ok(fio_verify(&endpoint, "128M"));
+    // The manager's Prometheus page has the engine's counters and the disks.
+    let page = cluster.http_get("/metrics").expect("GET /metrics");
+    let sample = |name: &str| -> u64 {
+        let line = page.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("no {name} in\n{page}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap_or_else(|_| panic!("{line}"))
+    };
+    assert_eq!(sample("ironhorn_volume_metrics_up{volume=\"v1\"}"), 1);
+    assert_eq!(sample("ironhorn_volume_robustness{volume=\"v1\"}"), 1, "healthy");
+    assert_eq!(sample("ironhorn_volume_state{volume=\"v1\"}"), 2, "attached");
+    assert_eq!(sample("ironhorn_volume_size_bytes{volume=\"v1\"}"), 256 << 20);
+    // fio wrote and verified 128 MiB: at least that many bytes each way.
+    assert!(sample("ironhorn_volume_bytes_total{volume=\"v1\",op=\"write\"}") >= 128 << 20, "{page}");
+    assert!(sample("ironhorn_volume_bytes_total{volume=\"v1\",op=\"read\"}") >= 128 << 20, "{page}");
+    let writes = sample("ironhorn_volume_requests_total{volume=\"v1\",op=\"write\"}");
+    assert_eq!(sample("ironhorn_volume_request_duration_seconds_count{volume=\"v1\",op=\"write\"}"), writes);
+    assert_eq!(sample("ironhorn_volume_request_errors_total{volume=\"v1\",op=\"write\"}"), 0);
+    assert_eq!(sample("ironhorn_disk_storage_scheduled_bytes{node=\"n-1\",disk=\"disk-1\"}"), 256 << 20);
+    assert!(sample("ironhorn_disk_storage_maximum_bytes{node=\"n-1\",disk=\"disk-1\"}") > 0);
     let table = cluster.cli(&["volume", "list"]).unwrap();
     assert!(table.contains("attached") && table.contains("healthy") && table.contains("n-1"), "{table}");
 

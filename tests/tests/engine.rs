@@ -488,3 +488,33 @@ fn a_corrupt_block_on_one_replica_is_read_from_another_and_repaired() {
     let data = data.expect("the repaired range reads back");
     assert!(data.iter().all(|&b| b == 0x6e));
 }
+
+/// Every frontend request is counted once, by kind, with its bytes; a
+/// request the volume refuses counts as an error; the histogram holds them all.
+#[test]
+fn metrics_count_each_frontend_request() {
+    require_tool("qemu-io", "qemu-utils");
+    let mut c = Cluster::new("eng-metrics", 2);
+    c.start_engine(1, &[]);
+    let uri = c.uri();
+    run("qemu-io", &["-f", "raw", &uri, "-c", "write -P 0x21 0 64k", "-c", "write -P 0x22 1M 4k"]).unwrap();
+    run("qemu-io", &["-f", "raw", &uri, "-c", "read -P 0x21 0 64k", "-c", "read -P 0x22 1M 4k"]).unwrap();
+    let mut client = NbdClient::connect(&c.socket, "vol").unwrap();
+    assert_eq!(client.request(0, SIZE_BYTES - 4096, 8192, &[]).unwrap().0, 22, "read past the end: EINVAL");
+    let out = engine_cli(&["metrics", "--engine", &c.engine().address]).expect("metrics");
+    let m: serde_json::Value = serde_json::from_str(&out).expect("metrics JSON");
+    assert_eq!(m["volume"], "vol");
+    let op = |name: &str| m["ops"].as_array().unwrap().iter().find(|o| o["op"] == name).unwrap().clone();
+    let (write, read) = (op("write"), op("read"));
+    assert_eq!((write["requests"].as_u64(), write["errors"].as_u64()), (Some(2), Some(0)), "{out}");
+    assert_eq!(write["bytes"], (64 << 10) + 4096, "{out}");
+    assert_eq!((read["requests"].as_u64(), read["errors"].as_u64()), (Some(3), Some(1)), "{out}");
+    assert_eq!(read["bytes"], (64 << 10) + 4096, "only what was read counts as bytes: {out}");
+    assert_eq!(op("trim")["requests"], 0);
+    for o in [&write, &read] {
+        let buckets = o["latency_buckets"].as_array().unwrap();
+        assert_eq!(buckets.len(), m["latency_bounds_us"].as_array().unwrap().len());
+        assert!(buckets.windows(2).all(|w| w[0].as_u64() <= w[1].as_u64()), "cumulative: {out}");
+        assert!(o["latency_ns_total"].as_u64().unwrap() > 0);
+    }
+}
