@@ -23,6 +23,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use futures_util::StreamExt;
 use futures_util::future::join_all;
 use ironhorn_proto::replica::{
     ChecksumsRequest, ExpandRequest, ExtentsRequest, InfoResponse, IoOp, LayerInsertRequest, ReadLayerRequest,
@@ -44,6 +45,8 @@ const REBUILD_PREFIX: &str = "ironhorn-rebuild-";
 const CHECKSUM_BATCH_CHUNKS: u64 = 256;
 /// Copied chunks between flushes of a rebuild target (its durable progress).
 const FLUSH_EVERY_CHUNKS: usize = 16;
+/// Chunks a rebuild copies at once.
+const REBUILD_CHUNKS_IN_FLIGHT: usize = 4;
 
 #[derive(Debug, Error)]
 pub enum VolumeError {
@@ -813,6 +816,14 @@ impl Volume {
         match result {
             Ok(()) => {
                 target.set(Mode::RW, "");
+                // Everything written before now becomes durable on every
+                // replica, so a replica that fails later gets a dirty map of
+                // what was written after this, not of all that was ever
+                // written without a client flush (a filled volume that was
+                // never flushed would otherwise be rebuilt whole each time).
+                if let Err(e) = self.replicate(IoOp::Flush, 0, 0, Bytes::new(), false).await {
+                    tracing::warn!(error = %e, "flush after rebuild failed");
+                }
                 status.state = "done".into();
                 tracing::info!(
                     replica = %address,
@@ -901,10 +912,18 @@ impl Volume {
                     self.differing_chunks(source, target, layer, batch).await?
                 };
                 status.compared_bytes += batch.len() as u64 * CHUNK;
-                for (n, chunk) in differing.iter().enumerate() {
-                    status.copied_bytes += self.copy_chunk(source, target, layer, *chunk).await?;
+                // Several chunks in flight, so the source reads the next
+                // while the target writes the last (one at a time, each
+                // disk idled half the time).
+                let mut copies = futures_util::stream::iter(differing.iter().copied())
+                    .map(|chunk| self.copy_chunk(source, target, layer, chunk))
+                    .buffer_unordered(REBUILD_CHUNKS_IN_FLIGHT);
+                let mut done = 0;
+                while let Some(copied) = copies.next().await {
+                    status.copied_bytes += copied?;
+                    done += 1;
                     self.record_rebuild(status.clone());
-                    if n % FLUSH_EVERY_CHUNKS == FLUSH_EVERY_CHUNKS - 1 {
+                    if done % FLUSH_EVERY_CHUNKS == 0 {
                         self.flush_target(target).await?;
                     }
                     let rate = self.rebuild_bytes_per_sec.load(Ordering::SeqCst);

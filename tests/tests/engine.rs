@@ -518,3 +518,32 @@ fn metrics_count_each_frontend_request() {
         assert!(o["latency_ns_total"].as_u64().unwrap() > 0);
     }
 }
+
+/// A volume filled without a single client flush, then a replica rebuilt
+/// into it: when that replica later drops out and comes back, it copies
+/// what was written while it was away, not the whole unflushed fill (the
+/// end of a rebuild makes everything before it durable on every replica).
+#[test]
+fn a_rebuilt_replica_that_drops_out_later_copies_only_the_new_writes() {
+    let mut c = Cluster::new("eng-reheal", 1);
+    c.start_engine(1, &[]);
+    finish(fio(&c.uri(), &["--rw=write", "--bs=1M", "--size=128M"]), "fio fill, no flush");
+    c.add_replica_process(1);
+    let fresh = c.replicas[1].address.clone();
+    engine_cli(&["replica", "add", "--engine", &c.engine().address, "--replica", &fresh]).expect("replica add");
+    c.replicas[1].kill9();
+    finish(fio(&c.uri(), &["--rw=randwrite", "--size=2M", "--offset=200M"]), "fio while it is away");
+    assert_eq!(replica_modes(&engine_status(c.engine()))[&fresh], "ERR");
+    c.add_replica_process(1);
+    let back = c.replicas[1].address.clone();
+    engine_cli(&["replica", "remove", "--engine", &c.engine().address, "--replica", &fresh]).expect("remove");
+    engine_cli(&["replica", "add", "--engine", &c.engine().address, "--replica", &back]).expect("re-add");
+    let status = engine_status(c.engine());
+    assert_eq!(replica_modes(&status)[&back], "RW", "{status}");
+    let delta = &status["rebuilds"][0];
+    assert_eq!(delta["method"], "dirty-map", "{delta}");
+    let copied = delta["copied_bytes"].as_u64().unwrap();
+    assert!(copied > 0 && copied <= 4 << 20, "only the 2 MiB written while away (in 1 MiB chunks): {delta}");
+    let all = c.addresses();
+    assert_identical(&images(&all, 1), &all);
+}
