@@ -45,6 +45,9 @@ const REBUILD_PREFIX: &str = "ironhorn-rebuild-";
 const CHECKSUM_BATCH_CHUNKS: u64 = 256;
 /// Copied chunks between flushes of a rebuild target (its durable progress).
 const FLUSH_EVERY_CHUNKS: usize = 16;
+/// Writes no client flush covers get one from the engine this long after
+/// the first of them (see `spawn_background_flush`).
+pub const BACKGROUND_FLUSH_AFTER: Duration = Duration::from_secs(5);
 /// Chunks a rebuild copies at once.
 const REBUILD_CHUNKS_IN_FLIGHT: usize = 4;
 
@@ -126,7 +129,10 @@ impl Unflushed {
         }
     }
 
-    fn complete(&mut self, chunks: std::ops::Range<u64>) {
+    /// Returns whether these are the first writes since the last flush was
+    /// sent (`current` was empty).
+    fn complete(&mut self, chunks: std::ops::Range<u64>) -> bool {
+        let first = self.current.is_empty();
         for c in chunks {
             let n = self.in_flight.get_mut(&c).expect("in-flight chunk");
             *n -= 1;
@@ -135,6 +141,7 @@ impl Unflushed {
             }
             self.current.insert(c);
         }
+        first && !self.current.is_empty()
     }
 }
 
@@ -187,6 +194,8 @@ pub struct Volume {
     /// Chunks written since the last flush that every replica completed:
     /// a replica that crashes may have lost them, so they start its map.
     unflushed: Mutex<Unflushed>,
+    /// Signalled by the first write completed after a flush was sent.
+    unflushed_writes: Arc<tokio::sync::Notify>,
     rebuilds: Mutex<VecDeque<RebuildStatus>>,
     rebuild_lock: tokio::sync::Mutex<()>,
     rebuild_seq: AtomicU64,
@@ -237,6 +246,7 @@ impl Volume {
             timeout,
             dirty: Mutex::new(HashMap::new()),
             unflushed: Mutex::new(Unflushed::default()),
+            unflushed_writes: Arc::new(tokio::sync::Notify::new()),
             rebuilds: Mutex::new(VecDeque::new()),
             rebuild_lock: tokio::sync::Mutex::new(()),
             rebuild_seq: AtomicU64::new(0),
@@ -303,6 +313,7 @@ impl Volume {
             tracing::info!(replica = %r.address, revision = info.revision_counter, clean = info.clean_at_open, mode = ?r.mode(), "replica at start");
             volume.replicas.write().expect("replicas").push(r.clone());
         }
+        volume.spawn_background_flush();
         Ok((volume, rebuild))
     }
 
@@ -326,6 +337,33 @@ impl Volume {
 
     pub fn add_frontend(&self, description: String) {
         self.frontends.lock().expect("frontends").push(description);
+    }
+
+    /// Flushes every replica [`BACKGROUND_FLUSH_AFTER`] after the first
+    /// write that no flush covers, when the client has not flushed by then.
+    /// Writes a client never flushes stay in the unflushed set (a replica
+    /// that crashes may have lost them, so a rebuild must copy them); this
+    /// bounds that set to a few seconds of writes. Idle, the task sleeps on
+    /// the signal: no timer runs.
+    fn spawn_background_flush(self: &Arc<Self>) {
+        let volume = Arc::downgrade(self);
+        let signal = self.unflushed_writes.clone();
+        tokio::spawn(async move {
+            loop {
+                signal.notified().await;
+                tokio::time::sleep(BACKGROUND_FLUSH_AFTER).await;
+                let Some(volume) = volume.upgrade() else { return };
+                if volume.fenced.load(Ordering::SeqCst) {
+                    return;
+                }
+                if volume.unflushed.lock().expect("unflushed").current.is_empty() {
+                    continue;
+                }
+                if let Err(e) = volume.replicate(IoOp::Flush, 0, 0, Bytes::new(), false).await {
+                    tracing::warn!(error = %e, "background flush failed");
+                }
+            }
+        });
     }
 
     fn check_range(&self, offset: u64, length: u64) -> Result<()> {
@@ -423,7 +461,10 @@ impl Volume {
         };
         let results = join_all(pending.into_iter().map(|p| p.wait())).await;
         if flush_id.is_none() {
-            self.unflushed.lock().expect("unflushed").complete(offset / CHUNK..(offset + length).div_ceil(CHUNK));
+            let chunks = offset / CHUNK..(offset + length).div_ceil(CHUNK);
+            if self.unflushed.lock().expect("unflushed").complete(chunks) {
+                self.unflushed_writes.notify_one();
+            }
         }
         let mut rw_ok = 0;
         let mut last_error = String::from("no RW replica");

@@ -7,24 +7,12 @@
 #
 #   tests/bench/engine-bench.sh            (env: SIZE=1G RUNTIME=10 DIR=/var/tmp)
 set -euo pipefail
-cd "$(dirname "$0")/../.."
 SIZE=${SIZE:-1G}
 RUNTIME=${RUNTIME:-10}
 DIR=${DIR:-/var/tmp}/ironhorn-bench-$$
-for tool in fio nbdkit jq; do
-  command -v "$tool" >/dev/null || { echo "engine-bench: $tool is missing (apt-get install fio nbdkit jq)" >&2; exit 1; }
-done
-cargo build --release --bins -q
-BIN=target/release
-mkdir -p "$DIR"
-PIDS=()
+BENCH=engine-bench TOOLS="fio nbdkit jq"
+source "$(dirname "$0")/common.sh"
 VOL=bench$$
-cleanup() {
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
-  rm -rf "$DIR"
-}
-trap cleanup EXIT
 
 # fio_run NAME TARGET-ARGS... : prints "randread_iops randwrite_iops qd1_write_lat_us"
 fio_job() { # rw iodepth target-args...
@@ -39,20 +27,9 @@ measure() { # target-args...
   l=$(fio_job randwrite 1 "$@" | jq '.jobs[0].write.clat_ns.mean / 1000')
   printf '%.0f %.0f %.1f\n' "$r" "$w" "$l"
 }
-fill() { fio --name=fill --rw=write --bs=1M --iodepth=8 --size="$SIZE" "$@" >/dev/null 2>&1; }
 
-wait_listen() { # logfile -> address
-  for _ in $(seq 1 200); do
-    if grep -q '^listening on' "$1" 2>/dev/null; then sed -n 's/^listening on //p' "$1" | head -1; return; fi
-    sleep 0.05
-  done
-  echo "engine-bench: process did not start (see $1)" >&2; exit 1
-}
 start_replica() { # name; appends "--replica ADDRESS" to REPLICA_ARGS
-  # Lay the store file out first, as fio does with its own file: the first
-  # write to a hole in a sparse file costs filesystem allocation, which an
-  # LVM-backed store never pays.
-  fio --name=layout --filename="$DIR/$1.img" --rw=write --bs=1M --size="$STORE_SIZE" --ioengine=psync --zero_buffers >/dev/null 2>&1
+  layout "$DIR/$1.img" "$STORE_SIZE"
   "$BIN/ironhorn-replica" serve --store "file:$DIR/$1.img" --size "$SIZE"iB --listen 127.0.0.1:0 >"$DIR/$1.out" 2>"$DIR/$1.log" &
   PIDS+=($!)
   REPLICA_ARGS+=(--replica "$(wait_listen "$DIR/$1.out")")
@@ -65,9 +42,6 @@ start_engine() { # name epoch extra-args... (replica args included)
   wait_listen "$DIR/$name.out" >/dev/null
 }
 
-# Physical size of each replica's store: the volume plus a quarter (the
-# replica's default), rounded up to 1 MiB.
-STORE_SIZE=$(( ( $(numfmt --from=iec "$SIZE") * 5 / 4 + (72 << 20) ) >> 20 ))M
 declare -A RESULT
 echo "running: raw file (fio io_uring, O_DIRECT)..." >&2
 fill --filename="$DIR/raw.img" --ioengine=io_uring --direct=1

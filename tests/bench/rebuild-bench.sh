@@ -11,38 +11,15 @@
 #
 #   tests/bench/rebuild-bench.sh            (env: SIZE=1G DIR=/var/tmp)
 set -euo pipefail
-cd "$(dirname "$0")/../.."
 SIZE=${SIZE:-1G}
 DIR=${DIR:-/var/tmp}/ironhorn-rebuild-bench-$$
-for tool in fio nbdkit nbdcopy jq dd awk; do
-  command -v "$tool" >/dev/null || { echo "rebuild-bench: $tool is missing (apt-get install fio nbdkit libnbd-bin jq)" >&2; exit 1; }
-done
-cargo build --release --bins -q
-BIN=target/release
-mkdir -p "$DIR"
-PIDS=()
+BENCH=rebuild-bench TOOLS="fio nbdkit nbdcopy jq dd awk"
+source "$(dirname "$0")/common.sh"
 VOL=rb$$
-cleanup() {
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
-  rm -rf "$DIR"
-}
-trap cleanup EXIT
 BYTES=$(numfmt --from=iec "$SIZE")
 MIB=$((BYTES >> 20))
-STORE_SIZE=$(( (BYTES * 5 / 4 + (72 << 20)) >> 20 ))M
 now() { date +%s.%N; }
 since() { awk -v a="$1" -v b="$(now)" 'BEGIN { print b - a }'; }
-layout() { fio --name=layout --filename="$1" --rw=write --bs=1M --size="$2" --ioengine=psync --zero_buffers >/dev/null 2>&1; }
-# fio's default buffers are random, so nothing is skipped as zeroes.
-fill() { fio --name=fill --rw=write --bs=1M --iodepth=8 --size="$SIZE" "$@" >/dev/null 2>&1; }
-wait_listen() { # logfile -> address
-  for _ in $(seq 1 200); do
-    if grep -q '^listening on' "$1" 2>/dev/null; then sed -n 's/^listening on //p' "$1" | head -1; return; fi
-    sleep 0.05
-  done
-  echo "rebuild-bench: process did not start (see $1)" >&2; exit 1
-}
 start_replica() { # name [layout] -> prints address; pid in $DIR/name.pid
   [ "${2:-}" = keep ] || layout "$DIR/$1.img" "$STORE_SIZE"
   "$BIN/ironhorn-replica" serve --store "file:$DIR/$1.img" --size "$SIZE"iB --listen 127.0.0.1:0 >"$DIR/$1.out" 2>"$DIR/$1.log" &
@@ -50,6 +27,16 @@ start_replica() { # name [layout] -> prints address; pid in $DIR/name.pid
   wait_listen "$DIR/$1.out"
 }
 declare -A SECS COPIED
+timed_add() { # key replica-address: `replica add` until RW; records time and bytes copied
+  local t0 status
+  t0=$(now)
+  "$BIN/ironhorn-engine" replica add --engine "$E" --replica "$2" >/dev/null
+  SECS[$1]=$(since "$t0")
+  status=$("$BIN/ironhorn-engine" status --engine "$E")
+  [ "$(jq -r --arg a "$2" '.replicas[] | select(.address == $a) | .mode' <<<"$status")" = RW ] \
+    || { echo "rebuild-bench: replica $2 did not become RW ($1 rebuild): $status" >&2; exit 1; }
+  COPIED[$1]=$(jq '.rebuilds[0].copied_bytes' <<<"$status")
+}
 
 echo "running: dd (O_DIRECT, 1 MiB)..." >&2
 fill --filename="$DIR/src.img" --ioengine=io_uring --direct=1
@@ -82,13 +69,7 @@ URI="nbd+unix:///$VOL?socket=$DIR/e.sock"
 fill --ioengine=nbd --uri="$URI"
 R1=$(start_replica r1)
 PIDS+=("$(cat "$DIR/r1.pid")")
-t0=$(now)
-"$BIN/ironhorn-engine" replica add --engine "$E" --replica "$R1" >/dev/null
-SECS[full]=$(since "$t0")
-status=$("$BIN/ironhorn-engine" status --engine "$E")
-[ "$(jq -r --arg a "$R1" '.replicas[] | select(.address == $a) | .mode' <<<"$status")" = RW ] \
-  || { echo "rebuild-bench: the new replica did not become RW: $status" >&2; exit 1; }
-COPIED[full]=$(jq '.rebuilds[0].copied_bytes' <<<"$status")
+timed_add full "$R1"
 
 echo "running: ironhorn delta rebuild (1/16 of the volume rewritten while away)..." >&2
 kill -9 "$(cat "$DIR/r1.pid")"
@@ -97,13 +78,7 @@ fio --name=away --rw=randwrite --bs=1M --iodepth=8 --size="$SIZE" --io_size=$((B
 "$BIN/ironhorn-engine" replica remove --engine "$E" --replica "$R1" >/dev/null
 R1=$(start_replica r1 keep)
 PIDS+=("$(cat "$DIR/r1.pid")")
-t0=$(now)
-"$BIN/ironhorn-engine" replica add --engine "$E" --replica "$R1" >/dev/null
-SECS[delta]=$(since "$t0")
-status=$("$BIN/ironhorn-engine" status --engine "$E")
-[ "$(jq -r --arg a "$R1" '.replicas[] | select(.address == $a) | .mode' <<<"$status")" = RW ] \
-  || { echo "rebuild-bench: the returning replica did not become RW: $status" >&2; exit 1; }
-COPIED[delta]=$(jq '.rebuilds[0].copied_bytes' <<<"$status")
+timed_add delta "$R1"
 
 echo
 echo "Making a $SIZE volume whole: volume MiB per second of wall time (copied = bytes that moved)"

@@ -519,6 +519,28 @@ fn metrics_count_each_frontend_request() {
     }
 }
 
+/// Replica 1 (at `address`) is SIGKILLed, 2 MiB written while it is away,
+/// then it is restarted on its store and added back: asserts it copies only
+/// those (dirty map, at most four 1 MiB chunks), whatever went before, and
+/// ends identical to the others.
+fn kill_write_and_readd_copies_only_the_new_writes(c: &mut Cluster, address: &str) {
+    c.replicas[1].kill9();
+    finish(fio(&c.uri(), &["--rw=randwrite", "--size=2M", "--offset=200M"]), "fio while it is away");
+    assert_eq!(replica_modes(&engine_status(c.engine()))[address], "ERR");
+    c.add_replica_process(1);
+    let back = c.replicas[1].address.clone();
+    engine_cli(&["replica", "remove", "--engine", &c.engine().address, "--replica", address]).expect("remove");
+    engine_cli(&["replica", "add", "--engine", &c.engine().address, "--replica", &back]).expect("re-add");
+    let status = engine_status(c.engine());
+    assert_eq!(replica_modes(&status)[&back], "RW", "{status}");
+    let delta = &status["rebuilds"][0];
+    assert_eq!(delta["method"], "dirty-map", "{delta}");
+    let copied = delta["copied_bytes"].as_u64().unwrap();
+    assert!(copied > 0 && copied <= 4 << 20, "only the 2 MiB written while away, not the earlier fill: {delta}");
+    let all = c.addresses();
+    assert_identical(&images(&all, 1), &all);
+}
+
 /// A volume filled without a single client flush, then a replica rebuilt
 /// into it: when that replica later drops out and comes back, it copies
 /// what was written while it was away, not the whole unflushed fill (the
@@ -531,19 +553,19 @@ fn a_rebuilt_replica_that_drops_out_later_copies_only_the_new_writes() {
     c.add_replica_process(1);
     let fresh = c.replicas[1].address.clone();
     engine_cli(&["replica", "add", "--engine", &c.engine().address, "--replica", &fresh]).expect("replica add");
-    c.replicas[1].kill9();
-    finish(fio(&c.uri(), &["--rw=randwrite", "--size=2M", "--offset=200M"]), "fio while it is away");
-    assert_eq!(replica_modes(&engine_status(c.engine()))[&fresh], "ERR");
-    c.add_replica_process(1);
-    let back = c.replicas[1].address.clone();
-    engine_cli(&["replica", "remove", "--engine", &c.engine().address, "--replica", &fresh]).expect("remove");
-    engine_cli(&["replica", "add", "--engine", &c.engine().address, "--replica", &back]).expect("re-add");
-    let status = engine_status(c.engine());
-    assert_eq!(replica_modes(&status)[&back], "RW", "{status}");
-    let delta = &status["rebuilds"][0];
-    assert_eq!(delta["method"], "dirty-map", "{delta}");
-    let copied = delta["copied_bytes"].as_u64().unwrap();
-    assert!(copied > 0 && copied <= 4 << 20, "only the 2 MiB written while away (in 1 MiB chunks): {delta}");
-    let all = c.addresses();
-    assert_identical(&images(&all, 1), &all);
+    kill_write_and_readd_copies_only_the_new_writes(&mut c, &fresh);
+}
+
+/// Writes a client never flushes get a flush from the engine a few seconds
+/// later: a replica killed after that comes back copying only what was
+/// written while it was away, not the whole unflushed fill.
+#[test]
+fn writes_no_client_flushes_get_a_background_flush() {
+    let mut c = Cluster::new("eng-bgflush", 2);
+    c.start_engine(1, &[]);
+    finish(fio(&c.uri(), &["--rw=write", "--bs=1M", "--size=64M"]), "fio fill, no flush");
+    // The engine flushes 5 s after the first unflushed write.
+    std::thread::sleep(Duration::from_secs(7));
+    let address = c.replicas[1].address.clone();
+    kill_write_and_readd_copies_only_the_new_writes(&mut c, &address);
 }
