@@ -1,7 +1,8 @@
 //! `GET /metrics`: the cluster in Prometheus' text format, for scraping.
 //!
 //! From the datastore: each volume's size, state and robustness, each
-//! disk's maximum / available / reserved / scheduled bytes. From every
+//! replica's mode as its engine last reported it, each disk's maximum /
+//! available / reserved / scheduled bytes. From every
 //! running engine, asked at scrape time (bounded by [`ENGINE_TIMEOUT`], all
 //! at once): its frontend request counters, bytes and latency histogram.
 //! An engine that does not answer shows as `ironhorn_volume_metrics_up 0`
@@ -42,6 +43,15 @@ fn state_value(state: &str) -> u8 {
     }
 }
 
+fn mode_value(mode: &str) -> u8 {
+    match mode {
+        "RW" => 1,
+        "WO" => 2,
+        "ERR" => 3,
+        _ => 0,
+    }
+}
+
 /// A label value with `\`, `"` and newlines escaped, as the format asks.
 fn label(value: &str) -> String {
     value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
@@ -56,7 +66,7 @@ fn header(out: &mut String, name: &str, kind: &str, help: &str) {
 pub type EngineMetrics = (String, Result<MetricsResponse, String>);
 
 /// The page, from objects and engine answers already gathered.
-pub fn render(volumes: &[Volume], nodes: &[Node], engines: &[EngineMetrics]) -> String {
+pub fn render(volumes: &[Volume], nodes: &[Node], engine_objects: &[Engine], engines: &[EngineMetrics]) -> String {
     let mut out = String::new();
     header(&mut out, "ironhorn_volume_size_bytes", "gauge", "Volume size.");
     for v in volumes {
@@ -80,6 +90,23 @@ pub fn render(volumes: &[Volume], nodes: &[Node], engines: &[EngineMetrics]) -> 
         let _ = writeln!(out, "ironhorn_volume_state{{volume=\"{name}\"}} {}", state_value(&status.state));
         let _ =
             writeln!(out, "ironhorn_volume_robustness{{volume=\"{name}\"}} {}", robustness_value(&status.robustness));
+    }
+    header(
+        &mut out,
+        "ironhorn_replica_mode",
+        "gauge",
+        "Replica mode as its engine last reported it: 1 RW, 2 WO (rebuilding), 3 ERR, 0 other.",
+    );
+    for e in engine_objects {
+        for (replica, mode) in e.status.as_ref().map(|s| &s.replica_mode_map).into_iter().flatten() {
+            let _ = writeln!(
+                out,
+                "ironhorn_replica_mode{{volume=\"{}\",replica=\"{}\"}} {}",
+                label(&e.spec.volume_name),
+                label(replica),
+                mode_value(mode)
+            );
+        }
     }
     let disk_gauges: [(&str, &str, fn(&crate::crd::DiskStatus, u64) -> u64); 4] = [
         ("ironhorn_disk_storage_maximum_bytes", "Disk size as measured.", |d, _| d.storage_maximum),
@@ -153,8 +180,8 @@ async fn engine_metrics(address: String) -> Result<MetricsResponse, String> {
 pub async fn gather<D: Datastore>(store: &D) -> Result<String, datastore::Error> {
     let volumes = store.list::<Volume>().await?;
     let nodes = store.list::<Node>().await?;
-    let engines = store.list::<Engine>().await?;
-    let running: Vec<(String, String)> = engines
+    let engine_objects = store.list::<Engine>().await?;
+    let running: Vec<(String, String)> = engine_objects
         .iter()
         .filter_map(|e| {
             let status = e.status.as_ref()?;
@@ -164,7 +191,7 @@ pub async fn gather<D: Datastore>(store: &D) -> Result<String, datastore::Error>
         .collect();
     let answers = join_all(running.iter().map(|(_, address)| engine_metrics(address.clone()))).await;
     let engines: Vec<EngineMetrics> = running.into_iter().map(|(v, _)| v).zip(answers).collect();
-    Ok(render(&volumes, &nodes, &engines))
+    Ok(render(&volumes, &nodes, &engine_objects, &engines))
 }
 
 #[cfg(test)]
@@ -193,12 +220,21 @@ mod tests {
                 latency_buckets: vec![3, 4],
             }],
         };
-        let page = render(&[v], &[], &[("v1".into(), Ok(m)), ("v\"2".into(), Err("down".into()))]);
+        let mut e = Engine::new("v1-e", Default::default());
+        e.spec.volume_name = "v1".into();
+        e.status = Some(crate::crd::EngineStatus {
+            replica_mode_map: [("v1-r-a".to_string(), "RW".to_string()), ("v1-r-b".to_string(), "ERR".to_string())]
+                .into(),
+            ..Default::default()
+        });
+        let page = render(&[v], &[], &[e], &[("v1".into(), Ok(m)), ("v\"2".into(), Err("down".into()))]);
         for line in [
             "ironhorn_volume_size_bytes{volume=\"v1\"} 1073741824",
             "ironhorn_volume_state{volume=\"v1\"} 2",
             "ironhorn_volume_robustness{volume=\"v1\"} 2",
             "ironhorn_volume_metrics_up{volume=\"v1\"} 1",
+            "ironhorn_replica_mode{volume=\"v1\",replica=\"v1-r-a\"} 1",
+            "ironhorn_replica_mode{volume=\"v1\",replica=\"v1-r-b\"} 3",
             "ironhorn_volume_metrics_up{volume=\"v\\\"2\"} 0",
             "ironhorn_volume_requests_total{volume=\"v1\",op=\"read\"} 5",
             "ironhorn_volume_request_errors_total{volume=\"v1\",op=\"read\"} 1",

@@ -101,6 +101,10 @@ fn three_replicas_on_three_nodes_attach_fio_detach_delete_gives_space_back() {
     assert_eq!(sample("ironhorn_volume_robustness{volume=\"v1\"}"), 1, "healthy");
     assert_eq!(sample("ironhorn_volume_state{volume=\"v1\"}"), 2, "attached");
     assert_eq!(sample("ironhorn_volume_size_bytes{volume=\"v1\"}"), 256 << 20);
+    for r in &replicas {
+        let name = r["metadata"]["name"].as_str().unwrap();
+        assert_eq!(sample(&format!("ironhorn_replica_mode{{volume=\"v1\",replica=\"{name}\"}}")), 1, "RW");
+    }
     // fio wrote and verified 128 MiB: at least that many bytes each way.
     assert!(sample("ironhorn_volume_bytes_total{volume=\"v1\",op=\"write\"}") >= 128 << 20, "{page}");
     assert!(sample("ironhorn_volume_bytes_total{volume=\"v1\",op=\"read\"}") >= 128 << 20, "{page}");
