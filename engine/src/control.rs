@@ -132,23 +132,10 @@ impl Engine for EngineService {
     }
 
     async fn metrics(&self, _: Request<MetricsRequest>) -> Result<Response<MetricsResponse>, Status> {
-        let ops = self
-            .volume
-            .metrics()
-            .into_iter()
-            .map(|o| OpMetrics {
-                op: o.op,
-                requests: o.requests,
-                errors: o.errors,
-                bytes: o.bytes,
-                latency_ns_total: o.latency_ns_total,
-                latency_buckets: o.latency_buckets,
-            })
-            .collect();
         Ok(Response::new(MetricsResponse {
             volume: self.volume.name.clone(),
             latency_bounds_us: crate::metrics::LATENCY_BOUNDS_US.to_vec(),
-            ops,
+            ops: self.volume.metrics(),
         }))
     }
 }

@@ -8,7 +8,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use serde::Serialize;
+use ironhorn_proto::engine::OpMetrics;
 
 /// Upper bounds of the latency buckets, in microseconds; a last, unbounded
 /// bucket is implied (the request count).
@@ -53,20 +53,6 @@ pub struct IoMetrics {
     ops: [Counters; 4],
 }
 
-/// One kind of request, as read at one moment.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct OpSnapshot {
-    pub op: String,
-    /// Requests that completed, failed ones included.
-    pub requests: u64,
-    pub errors: u64,
-    /// Bytes of the requests that succeeded.
-    pub bytes: u64,
-    pub latency_ns_total: u64,
-    /// Cumulative: requests that took at most `LATENCY_BOUNDS_US[i]`.
-    pub latency_buckets: Vec<u64>,
-}
-
 impl IoMetrics {
     /// Counts one finished request that started at `started`.
     pub fn record(&self, op: Op, bytes: u64, started: Instant, ok: bool) {
@@ -85,7 +71,9 @@ impl IoMetrics {
         }
     }
 
-    pub fn snapshot(&self) -> Vec<OpSnapshot> {
+    /// The counters as they are now, in their wire form; `latency_buckets`
+    /// is cumulative (requests that took at most `LATENCY_BOUNDS_US[i]`).
+    pub fn snapshot(&self) -> Vec<OpMetrics> {
         Op::ALL
             .iter()
             .map(|&op| {
@@ -99,7 +87,7 @@ impl IoMetrics {
                         running
                     })
                     .collect();
-                OpSnapshot {
+                OpMetrics {
                     op: op.name().to_string(),
                     requests: c.requests.load(Ordering::Relaxed),
                     errors: c.errors.load(Ordering::Relaxed),

@@ -359,7 +359,7 @@ impl Volume {
                 if volume.unflushed.lock().expect("unflushed").current.is_empty() {
                     continue;
                 }
-                if let Err(e) = volume.replicate(IoOp::Flush, 0, 0, Bytes::new(), false).await {
+                if let Err(e) = volume.flush_replicas().await {
                     tracing::warn!(error = %e, "background flush failed");
                 }
             }
@@ -526,17 +526,25 @@ impl Volume {
 
     pub async fn trim(&self, offset: u64, length: u64, fua: bool) -> Result<()> {
         let started = Instant::now();
-        let result = match self.check_range(offset, length) {
-            Ok(()) => self.replicate(IoOp::Trim, offset, length, Bytes::new(), fua).await,
-            Err(e) => Err(e),
-        };
+        let result = async {
+            self.check_range(offset, length)?;
+            self.replicate(IoOp::Trim, offset, length, Bytes::new(), fua).await
+        }
+        .await;
         self.counted(metrics::Op::Trim, length, started, result)
     }
 
+    /// A client's flush: counted in the metrics.
     pub async fn flush(&self) -> Result<()> {
         let started = Instant::now();
-        let result = self.replicate(IoOp::Flush, 0, 0, Bytes::new(), false).await;
+        let result = self.flush_replicas().await;
         self.counted(metrics::Op::Flush, 0, started, result)
+    }
+
+    /// Flushes every writable replica (the engine's own flushes, and the
+    /// client's through [`Volume::flush`]).
+    async fn flush_replicas(&self) -> Result<()> {
+        self.replicate(IoOp::Flush, 0, 0, Bytes::new(), false).await
     }
 
     pub async fn read(&self, offset: u64, length: u64) -> Result<Bytes> {
@@ -546,7 +554,7 @@ impl Volume {
     }
 
     /// Request counters of the frontends, by kind.
-    pub fn metrics(&self) -> Vec<metrics::OpSnapshot> {
+    pub fn metrics(&self) -> Vec<ironhorn_proto::engine::OpMetrics> {
         self.metrics.snapshot()
     }
 
@@ -862,7 +870,7 @@ impl Volume {
                 // what was written after this, not of all that was ever
                 // written without a client flush (a filled volume that was
                 // never flushed would otherwise be rebuilt whole each time).
-                if let Err(e) = self.replicate(IoOp::Flush, 0, 0, Bytes::new(), false).await {
+                if let Err(e) = self.flush_replicas().await {
                     tracing::warn!(error = %e, "flush after rebuild failed");
                 }
                 status.state = "done".into();
