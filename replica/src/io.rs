@@ -219,7 +219,8 @@ struct Ring {
     ring: io_uring::IoUring,
     slots: Vec<Option<InFlight>>,
     free_slots: Vec<usize>,
-    /// Requests waiting for room in the submission queue.
+    /// Requests waiting for the disk depth (see [`disk_depth`]) or for room
+    /// in the submission queue.
     backlog: VecDeque<Queued>,
     /// The submitter has been woken and not yet run.
     submit_requested: bool,
