@@ -64,7 +64,9 @@ fn errno(e: &VolumeError) -> Errno {
     match e {
         VolumeError::Invalid(_) | VolumeError::NotFound(_) => Errno::EINVAL,
         VolumeError::Fenced(_) => Errno::EROFS,
-        VolumeError::Io(_) | VolumeError::Busy(_) => Errno::EIO,
+        VolumeError::NoSpace(_) => Errno::ENOSPC,
+        VolumeError::TooLarge(_) => Errno::EOVERFLOW,
+        VolumeError::Io(_) | VolumeError::Busy(_) | VolumeError::NoQuorum(_) => Errno::EIO,
     }
 }
 

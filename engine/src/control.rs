@@ -22,10 +22,11 @@ impl EngineService {
 fn status(e: VolumeError) -> Status {
     let msg = e.to_string();
     match e {
-        VolumeError::Invalid(_) => Status::invalid_argument(msg),
+        VolumeError::Invalid(_) | VolumeError::TooLarge(_) => Status::invalid_argument(msg),
+        VolumeError::NoSpace(_) => Status::resource_exhausted(msg),
         VolumeError::NotFound(_) => Status::not_found(msg),
         VolumeError::Fenced(_) | VolumeError::Busy(_) => Status::failed_precondition(msg),
-        VolumeError::Io(_) => Status::unavailable(msg),
+        VolumeError::Io(_) | VolumeError::NoQuorum(_) => Status::unavailable(msg),
     }
 }
 

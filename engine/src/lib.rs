@@ -3,6 +3,7 @@
 
 pub mod blockdev;
 pub mod control;
+pub mod election;
 pub mod metrics;
 pub mod nbd;
 pub mod replica_conn;
@@ -22,6 +23,8 @@ pub struct ServeConfig {
     pub replica_timeout: Duration,
     /// Rebuild copy rate limit in bytes per second (0: unlimited).
     pub rebuild_bytes_per_sec: u64,
+    /// Writes need a majority of `replicas` to acknowledge them.
+    pub write_majority: bool,
 }
 
 /// Opens the volume, starts the frontends and the control server, and runs
@@ -35,6 +38,9 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
             .await
             .map_err(|e| format!("open volume {}: {e}", config.volume))?;
     volume.set_rebuild_rate(config.rebuild_bytes_per_sec);
+    if config.write_majority {
+        volume.set_min_write_acks(config.replicas.len() / 2 + 1);
+    }
     for listen in &config.nbd {
         let description =
             nbd::listen(listen, volume.clone()).await.map_err(|e| format!("NBD listener {listen:?}: {e}"))?;

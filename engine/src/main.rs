@@ -43,6 +43,12 @@ enum Command {
         /// Limit rebuild copying to this many MiB/s (0: unlimited).
         #[arg(long, default_value_t = 0)]
         rebuild_mib_per_sec: u64,
+        /// Refuse writes and flushes that fewer than a majority of the
+        /// --replica list acknowledged (default: one healthy replica is
+        /// enough). An engine cut off from most replicas then fails writes
+        /// instead of acknowledging what a newer engine will never see.
+        #[arg(long)]
+        write_majority: bool,
     },
     /// Print the engine's status as JSON.
     Status {
@@ -166,6 +172,7 @@ async fn drive(command: Command) -> Result<(), String> {
             listen,
             replica_timeout,
             rebuild_mib_per_sec,
+            write_majority,
         } => {
             ironhorn_engine::serve(ServeConfig {
                 volume,
@@ -177,6 +184,7 @@ async fn drive(command: Command) -> Result<(), String> {
                 listen,
                 replica_timeout: Duration::from_secs(replica_timeout),
                 rebuild_bytes_per_sec: rebuild_mib_per_sec << 20,
+                write_majority,
             })
             .await
         }

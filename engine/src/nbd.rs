@@ -98,8 +98,9 @@ fn errno(e: &VolumeError) -> u32 {
     match e {
         VolumeError::Invalid(_) | VolumeError::NotFound(_) => EINVAL,
         VolumeError::Fenced(_) => ESHUTDOWN,
-        VolumeError::Io(m) if m.contains("out of space") => ENOSPC,
-        VolumeError::Io(_) | VolumeError::Busy(_) => EIO,
+        VolumeError::NoSpace(_) => ENOSPC,
+        VolumeError::TooLarge(_) => EOVERFLOW,
+        VolumeError::Io(_) | VolumeError::Busy(_) | VolumeError::NoQuorum(_) => EIO,
     }
 }
 
@@ -380,9 +381,7 @@ async fn serve_request(volume: &Volume, session: &Session, req: Request) -> Vec<
         Ok(reply) => reply,
         Err(e) => {
             tracing::debug!(kind = req.kind, offset = req.offset, length, error = %e, "NBD request failed");
-            let code =
-                if matches!(e, VolumeError::Invalid(ref m) if m.contains("exceeds")) { EOVERFLOW } else { errno(&e) };
-            error_reply(structured, req.cookie, code, &e.to_string())
+            error_reply(structured, req.cookie, errno(&e), &e.to_string())
         }
     }
 }

@@ -16,7 +16,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use ironhorn_proto::batch::Batches;
 use ironhorn_proto::replica::replica_client::ReplicaClient;
-use ironhorn_proto::replica::{IoOp, IoRequest, IoRequests, IoResponse, IoStatus};
+use ironhorn_proto::replica::{IoRequest, IoRequests, IoResponse, IoStatus};
 use tokio::sync::{mpsc, oneshot};
 use tonic::transport::{Channel, Endpoint};
 
@@ -29,6 +29,9 @@ pub enum ReplicaError {
     Invalid(String),
     /// The replica has seen a newer engine epoch: this engine is stale.
     Fenced(String),
+    /// The replica's store has no room for the request. Its data is intact
+    /// and it still serves reads.
+    NoSpace(String),
     /// Anything that makes the replica unusable: I/O error, no space,
     /// timeout, broken connection.
     Failed(String),
@@ -39,6 +42,7 @@ impl std::fmt::Display for ReplicaError {
         match self {
             Self::Invalid(m) => write!(f, "invalid request: {m}"),
             Self::Fenced(m) => write!(f, "fenced: {m}"),
+            Self::NoSpace(m) => write!(f, "{m}"),
             Self::Failed(m) => write!(f, "{m}"),
         }
     }
@@ -62,6 +66,7 @@ pub fn status_error(status: tonic::Status) -> ReplicaError {
             ReplicaError::Invalid(status.message().to_string())
         }
         tonic::Code::FailedPrecondition => ReplicaError::Fenced(status.message().to_string()),
+        tonic::Code::ResourceExhausted => ReplicaError::NoSpace(status.message().to_string()),
         _ => ReplicaError::Failed(format!("{}: {}", status.code(), status.message())),
     }
 }
@@ -134,16 +139,17 @@ impl ReplicaConn {
         self.timeout
     }
 
-    /// Queues a request on the stream without waiting; the receiver yields
-    /// the response. Never blocks, so callers may hold a lock around it.
-    pub fn enqueue(&self, op: IoOp, offset: u64, length: u64, data: Bytes, epoch: u64, fua: bool) -> Pending {
+    /// Queues a request on the stream without waiting (its id is set
+    /// here); the receiver yields the response. Never blocks, so callers
+    /// may hold a lock around it.
+    pub fn enqueue(&self, mut req: IoRequest) -> Pending {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         if self.broken.load(Ordering::SeqCst) {
             return Pending { rx, timeout: self.timeout };
         }
         self.waiting.lock().expect("waiters").insert(id, tx);
-        let req = IoRequest { id, op: op as i32, offset, length, data, epoch, fua };
+        req.id = id;
         if self.tx.send(req).is_err() {
             self.waiting.lock().expect("waiters").remove(&id);
         }
@@ -168,6 +174,7 @@ impl Pending {
             Ok(IoStatus::Ok) => Ok(resp.data),
             Ok(IoStatus::InvalidArgument) => Err(ReplicaError::Invalid(resp.message)),
             Ok(IoStatus::Fenced) => Err(ReplicaError::Fenced(resp.message)),
+            Ok(IoStatus::OutOfSpace) => Err(ReplicaError::NoSpace(resp.message)),
             _ => Err(ReplicaError::Failed(resp.message)),
         }
     }

@@ -26,13 +26,14 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 use futures_util::future::join_all;
 use ironhorn_proto::replica::{
-    ChecksumsRequest, ExpandRequest, ExtentsRequest, InfoResponse, IoOp, LayerInsertRequest, ReadLayerRequest,
-    SetEpochRequest, SnapshotCreateRequest, SnapshotDeleteRequest, SnapshotListRequest, SnapshotRevertRequest,
-    WriteLayerRequest,
+    ChecksumsRequest, ExpandRequest, ExtentsRequest, InfoResponse, IoOp, IoRequest, LayerInsertRequest,
+    ReadLayerRequest, SetEpochRequest, SnapshotCreateRequest, SnapshotDeleteRequest, SnapshotListRequest,
+    SnapshotRevertRequest, WithdrawStampRequest, WriteLayerRequest,
 };
 use serde::Serialize;
 use thiserror::Error;
 
+use crate::election::{self, Candidate};
 use crate::metrics;
 use crate::replica_conn::{ReplicaConn, ReplicaError, unary};
 
@@ -59,6 +60,12 @@ pub enum VolumeError {
     Io(String),
     #[error("engine is fenced by a newer engine: {0}")]
     Fenced(String),
+    #[error("out of space: {0}")]
+    NoSpace(String),
+    #[error("write refused: {0}")]
+    NoQuorum(String),
+    #[error("request too large: {0}")]
+    TooLarge(String),
     #[error("{0}")]
     Busy(String),
     #[error("{0} not found")]
@@ -207,6 +214,17 @@ pub struct Volume {
     rebuild_bytes_per_sec: AtomicU64,
     /// Frontend requests (rebuild traffic is not counted here).
     metrics: metrics::IoMetrics,
+    /// The last flush sequence number handed out in this epoch; RW replicas
+    /// make `(epoch, sequence)` durable as their stamp with the flush.
+    flush_sequence: AtomicU64,
+    /// Writes and flushes fail unless at least this many RW replicas took
+    /// them (0 or 1: any one suffices, as in Longhorn).
+    min_write_acks: AtomicUsize,
+}
+
+/// A data request to a replica's stream (its id is set when enqueued).
+fn io_request(op: IoOp, offset: u64, length: u64, data: Bytes, epoch: u64, fua: bool) -> IoRequest {
+    IoRequest { id: 0, op: op as i32, offset, length, data, epoch, fua, flush_sequence: 0 }
 }
 
 pub fn now_unix_ms() -> u64 {
@@ -217,6 +235,7 @@ fn replica_error(address: &str, e: ReplicaError) -> VolumeError {
     match e {
         ReplicaError::Invalid(m) => VolumeError::Invalid(format!("replica {address}: {m}")),
         ReplicaError::Fenced(m) => VolumeError::Fenced(format!("replica {address}: {m}")),
+        ReplicaError::NoSpace(m) => VolumeError::NoSpace(format!("replica {address}: {m}")),
         ReplicaError::Failed(m) => VolumeError::Io(format!("replica {address}: {m}")),
     }
 }
@@ -255,6 +274,8 @@ impl Volume {
             unreachable: Mutex::new(Vec::new()),
             rebuild_bytes_per_sec: AtomicU64::new(0),
             metrics: metrics::IoMetrics::default(),
+            flush_sequence: AtomicU64::new(0),
+            min_write_acks: AtomicUsize::new(0),
         });
         let mut joined: Vec<(Arc<Replica>, InfoResponse)> = Vec::new();
         let mut rebuild = Vec::new();
@@ -289,18 +310,29 @@ impl Volume {
                 }
             }
         }
-        let Some(source_index) = (0..joined.len()).max_by_key(|&i| (joined[i].1.revision_counter, usize::MAX - i))
-        else {
+        if joined.is_empty() {
             return Err(VolumeError::Io("no replica is reachable".into()));
-        };
+        }
+        let source_index = Self::elect_source(&joined, size, timeout).await?;
         let source = joined[source_index].0.clone();
+        // Flushes of this engine are numbered past any stamp of this epoch
+        // already on a replica (an engine restarted with the same epoch).
+        let highest_sequence =
+            joined.iter().filter(|(_, i)| i.stamp_epoch == epoch).map(|(_, i)| i.stamp_sequence).max().unwrap_or(0);
+        volume.flush_sequence.store(highest_sequence, Ordering::SeqCst);
+        tracing::info!(
+            source = %source.address,
+            stamp_epoch = joined[source_index].1.stamp_epoch,
+            stamp_sequence = joined[source_index].1.stamp_sequence,
+            "elected the replica with the newest flushed data as the source"
+        );
         source.set(Mode::RW, "");
         for (i, (r, info)) in joined.iter().enumerate() {
             if i != source_index {
                 match same_data(&source, r, size, timeout).await {
                     Ok(true) => r.set(Mode::RW, ""),
                     Ok(false) => {
-                        tracing::info!(replica = %r.address, revision = info.revision_counter, "replica differs from the newest; will rebuild");
+                        tracing::info!(replica = %r.address, stamp_sequence = info.stamp_sequence, "replica differs from the source; will rebuild");
                         r.set(Mode::ERR, "differs from the newest replica at start");
                         rebuild.push(r.address.clone());
                     }
@@ -310,11 +342,49 @@ impl Volume {
                     }
                 }
             }
-            tracing::info!(replica = %r.address, revision = info.revision_counter, clean = info.clean_at_open, mode = ?r.mode(), "replica at start");
+            tracing::info!(
+                replica = %r.address,
+                stamp_epoch = info.stamp_epoch,
+                stamp_sequence = info.stamp_sequence,
+                revision = info.revision_counter,
+                clean = info.clean_at_open,
+                mode = ?r.mode(),
+                "replica at start"
+            );
             volume.replicas.write().expect("replicas").push(r.clone());
         }
         volume.spawn_background_flush();
         Ok((volume, rebuild))
+    }
+
+    /// Picks the source among the reachable replicas (see `election`): the
+    /// highest flush stamp; replicas tied on it are told apart by their
+    /// content checksums, computed only for them.
+    async fn elect_source(joined: &[(Arc<Replica>, InfoResponse)], size: u64, timeout: Duration) -> Result<usize> {
+        let mut candidates: Vec<Candidate> = joined
+            .iter()
+            .map(|(r, info)| Candidate {
+                stamp: (info.stamp_epoch, info.stamp_sequence),
+                clean_at_open: info.clean_at_open,
+                store_id: r.store_id,
+                content: None,
+            })
+            .collect();
+        let tied = election::tied_on_top(&candidates);
+        if tied.len() > 1 {
+            for i in tied {
+                match content_digest(&joined[i].0, size, timeout).await {
+                    Ok(digest) => candidates[i].content = Some(digest),
+                    Err(e) => tracing::warn!(replica = %joined[i].0.address, error = %e, "content checksums failed"),
+                }
+            }
+        }
+        election::elect(&candidates).ok_or_else(|| VolumeError::Io("no replica is reachable".into()))
+    }
+
+    /// Writes and flushes fail unless `acks` RW replicas took them.
+    pub fn set_min_write_acks(&self, acks: usize) {
+        self.min_write_acks.store(acks, Ordering::SeqCst);
     }
 
     /// Connects and fences: the replica remembers our epoch from now on.
@@ -443,6 +513,8 @@ impl Volume {
                 self.mark_dirty(offset, length, None);
                 None
             };
+            // Numbered in stream order, under the dispatch lock.
+            let sequence = if op == IoOp::Flush { self.flush_sequence.fetch_add(1, Ordering::SeqCst) + 1 } else { 0 };
             let targets: Vec<(Arc<Replica>, Mode)> = self
                 .replicas
                 .read()
@@ -455,7 +527,15 @@ impl Volume {
                 .collect();
             let pending: Vec<_> = targets
                 .iter()
-                .map(|(r, _)| r.conn.enqueue(op, offset, length, data.clone(), self.epoch, fua))
+                .map(|(r, mode)| {
+                    let mut request = io_request(op, offset, length, data.clone(), self.epoch, fua);
+                    // Only a complete replica may claim the flush: a WO one
+                    // (rebuilding) flushes without a stamp.
+                    if *mode == Mode::RW {
+                        request.flush_sequence = sequence;
+                    }
+                    r.conn.enqueue(request)
+                })
                 .collect();
             (targets, pending, flush_id)
         };
@@ -468,6 +548,27 @@ impl Volume {
         }
         let mut rw_ok = 0;
         let mut last_error = String::from("no RW replica");
+        // When every RW replica refused for lack of space, the request is
+        // refused and nobody is failed: nothing changed anywhere and every
+        // replica still serves reads. A replica out of space while others
+        // took the request fails on its own.
+        let all_rw_full = targets
+            .iter()
+            .zip(&results)
+            .filter(|((_, mode), _)| *mode == Mode::RW)
+            .all(|(_, r)| matches!(r, Err(ReplicaError::NoSpace(_))));
+        if all_rw_full && targets.iter().any(|(_, mode)| *mode == Mode::RW) {
+            if let Some(id) = flush_id {
+                let mut u = self.unflushed.lock().expect("unflushed");
+                let covered = u.flushing.remove(&id).unwrap_or_default();
+                u.current.extend(covered);
+            }
+            let why = results.iter().find_map(|r| match r {
+                Err(ReplicaError::NoSpace(m)) => Some(m.clone()),
+                _ => None,
+            });
+            return Err(VolumeError::NoSpace(format!("{op:?} at {offset}: {}", why.unwrap_or_default())));
+        }
         for ((replica, mode), result) in targets.iter().zip(results) {
             match result {
                 Ok(_) => {
@@ -500,6 +601,12 @@ impl Volume {
         if rw_ok == 0 {
             return Err(VolumeError::Io(format!("{op:?} at {offset}: no healthy replica took it ({last_error})")));
         }
+        let needed = self.min_write_acks.load(Ordering::SeqCst);
+        if rw_ok < needed {
+            return Err(VolumeError::NoQuorum(format!(
+                "{op:?} at {offset}: {rw_ok} replica(s) acknowledged it, {needed} required ({last_error})"
+            )));
+        }
         Ok(())
     }
 
@@ -519,7 +626,7 @@ impl Volume {
         let length = data.len() as u64;
         self.check_range(offset, length)?;
         if length > MAX_IO_BYTES {
-            return Err(VolumeError::Invalid(format!("write of {length} bytes exceeds {MAX_IO_BYTES}")));
+            return Err(VolumeError::TooLarge(format!("write of {length} bytes exceeds {MAX_IO_BYTES}")));
         }
         self.replicate(IoOp::Write, offset, length, data, fua).await
     }
@@ -561,7 +668,7 @@ impl Volume {
     async fn read_uncounted(&self, offset: u64, length: u64) -> Result<Bytes> {
         self.check_range(offset, length)?;
         if length > MAX_IO_BYTES {
-            return Err(VolumeError::Invalid(format!("read of {length} bytes exceeds {MAX_IO_BYTES}")));
+            return Err(VolumeError::TooLarge(format!("read of {length} bytes exceeds {MAX_IO_BYTES}")));
         }
         let _pause = self.pause.read().await;
         self.check_fenced()?;
@@ -573,7 +680,8 @@ impl Volume {
         let mut last_error = String::new();
         for i in 0..healthy.len() {
             let replica = &healthy[(start + i) % healthy.len()];
-            match replica.conn.enqueue(IoOp::Read, offset, length, Bytes::new(), self.epoch, false).wait().await {
+            let request = io_request(IoOp::Read, offset, length, Bytes::new(), self.epoch, false);
+            match replica.conn.enqueue(request).wait().await {
                 Ok(data) if data.len() as u64 == length => return Ok(data),
                 Ok(data) => {
                     let why = format!("read returned {} of {length} bytes", data.len());
@@ -699,7 +807,10 @@ impl Volume {
         for map in self.dirty.lock().expect("dirty").values_mut() {
             map.complete = false;
         }
-        Ok(())
+        drop(_pause);
+        // A new stamp on every replica that has the revert, so one that
+        // missed it can never be elected over them.
+        self.flush_replicas().await
     }
 
     /// Grows every replica, or none: the first refusal stops it before any
@@ -726,7 +837,8 @@ impl Volume {
             }
         }
         self.size.store(size, Ordering::SeqCst);
-        Ok(())
+        drop(_pause);
+        self.flush_replicas().await
     }
 
     pub fn status(&self) -> VolumeStatus {
@@ -806,11 +918,12 @@ impl Volume {
                 .await
                 .map_err(|e| replica_error(address, e))?;
         }
-        let source = self
-            .replicas_in(&[Mode::RW])
-            .into_iter()
-            .next()
-            .ok_or_else(|| VolumeError::Io("no healthy replica to rebuild from".into()))?;
+        // Until it is verified complete the target claims no flushed data
+        // (durably: a crash mid-rebuild must not leave its old stamp). The
+        // first flush after it turns RW stamps it again.
+        unary(self.timeout, conn.client().withdraw_stamp(WithdrawStampRequest { epoch: self.epoch }))
+            .await
+            .map_err(|e| replica_error(address, e))?;
         let snapshot = format!(
             "{REBUILD_PREFIX}{}-{}-{}",
             self.epoch,
@@ -850,6 +963,16 @@ impl Volume {
             self.dirty.lock().expect("dirty").remove(&info.store_id)
         };
         let dirty = dirty.filter(|d| d.complete).map(|d| d.chunks);
+        // Chosen after the join: a replica that died unnoticed failed the
+        // join snapshot and is out by now.
+        let source = match self.replicas_in(&[Mode::RW]).into_iter().next() {
+            Some(source) => source,
+            None => {
+                let e = VolumeError::Io("no healthy replica to rebuild from".into());
+                self.fail_replica(&target, &e.to_string());
+                return Err(e);
+            }
+        };
         let mut status = RebuildStatus {
             replica: address.to_string(),
             source: source.address.clone(),
@@ -1009,7 +1132,7 @@ impl Volume {
     async fn flush_target(&self, target: &Replica) -> Result<()> {
         target
             .conn
-            .enqueue(IoOp::Flush, 0, 0, Bytes::new(), self.epoch, false)
+            .enqueue(io_request(IoOp::Flush, 0, 0, Bytes::new(), self.epoch, false))
             .wait()
             .await
             .map(drop)
@@ -1136,30 +1259,61 @@ impl Volume {
     }
 }
 
+/// A replica's snapshot names, oldest first.
+async fn snapshot_names(r: &Replica, timeout: Duration) -> Result<Vec<String>> {
+    unary(timeout, r.conn.client().snapshot_list(SnapshotListRequest {}))
+        .await
+        .map(|l| l.snapshots.into_iter().map(|s| s.name).collect())
+        .map_err(|e| replica_error(&r.address, e))
+}
+
+/// Checksums of one layer's view (`""`: the volume) over the whole volume:
+/// one per MiB, the last partial MiB one per block; asked in batches.
+async fn view_checksums(r: &Replica, layer: &str, size: u64, timeout: Duration) -> Result<Vec<u32>> {
+    let mut out = Vec::new();
+    let whole = size / CHUNK * CHUNK;
+    let batch = CHECKSUM_BATCH_CHUNKS * CHUNK;
+    let mut offset = 0;
+    while offset < size {
+        let (length, chunk_size) =
+            if offset < whole { ((whole - offset).min(batch), CHUNK) } else { (size - offset, BLOCK) };
+        let request = ChecksumsRequest { layer: layer.to_string(), merged: true, offset, length, chunk_size };
+        let answer = unary(timeout, r.conn.client().checksums(request)).await.map_err(|e| replica_error(&r.address, e))?;
+        out.extend(answer.crc32);
+        offset += length;
+    }
+    Ok(out)
+}
+
+/// A digest of a replica's whole content: its snapshot chain and every
+/// layer's checksums (no data is read).
+async fn content_digest(r: &Replica, size: u64, timeout: Duration) -> Result<u64> {
+    let names = snapshot_names(r, timeout).await?;
+    let mut high = crc32fast::Hasher::new();
+    let mut low = crc32fast::Hasher::new_with_initial(0x5bd1_e995);
+    for layer in names.iter().map(String::as_str).chain([""]) {
+        for h in [&mut high, &mut low] {
+            h.update(layer.as_bytes());
+            h.update(&[0]);
+        }
+        for crc in view_checksums(r, layer, size, timeout).await? {
+            high.update(&crc.to_le_bytes());
+            low.update(&crc.to_be_bytes());
+        }
+    }
+    Ok((high.finalize() as u64) << 32 | low.finalize() as u64)
+}
+
 /// Whether two replicas hold the same snapshot chain and the same data in
 /// every layer's view (checksums only; no data is read).
-async fn same_data(a: &Replica, b: &Replica, size: u64, timeout: Duration) -> std::result::Result<bool, VolumeError> {
-    let list = |r: &Replica| {
-        let mut c = r.conn.client();
-        async move {
-            unary(timeout, c.snapshot_list(SnapshotListRequest {}))
-                .await
-                .map(|l| l.snapshots.into_iter().map(|s| s.name).collect::<Vec<_>>())
-        }
-    };
-    let names_a = list(a).await.map_err(|e| replica_error(&a.address, e))?;
-    let names_b = list(b).await.map_err(|e| replica_error(&b.address, e))?;
-    if names_a != names_b {
+async fn same_data(a: &Replica, b: &Replica, size: u64, timeout: Duration) -> Result<bool> {
+    let names_a = snapshot_names(a, timeout).await?;
+    if names_a != snapshot_names(b, timeout).await? {
         return Ok(false);
     }
-    let chunk_size = if size % CHUNK == 0 { CHUNK } else { BLOCK };
     for layer in names_a.iter().map(String::as_str).chain([""]) {
-        let request = ChecksumsRequest { layer: layer.to_string(), merged: true, offset: 0, length: size, chunk_size };
-        let x = unary(timeout, a.conn.client().checksums(request.clone()))
-            .await
-            .map_err(|e| replica_error(&a.address, e))?;
-        let y = unary(timeout, b.conn.client().checksums(request)).await.map_err(|e| replica_error(&b.address, e))?;
-        if x.crc32 != y.crc32 {
+        let (x, y) = tokio::join!(view_checksums(a, layer, size, timeout), view_checksums(b, layer, size, timeout));
+        if x? != y? {
             return Ok(false);
         }
     }

@@ -12,6 +12,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use crate::faults::{FaultOp, Faults, Verdict, injected};
 use crate::io::{AlignedBuf, Backend, BackendKind, IO_ALIGN};
 use crate::lvm;
 
@@ -71,6 +72,26 @@ pub struct Device {
     segments: Vec<Segment>,
     size_bytes: u64,
     kind: BackendKind,
+    /// Faults tests switch on at run time (none by default).
+    faults: Arc<Faults>,
+}
+
+/// Reserves `[offset, offset+length)` of a store file on its filesystem, so
+/// a full filesystem refuses the store when it is made or grown, never a
+/// write into it later (a sparse file would fail mid-write, metadata too).
+fn preallocate(file: &File, offset: u64, length: u64) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: fallocate on an open descriptor; mode 0 allocates and extends.
+    let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, offset as libc::off_t, length as libc::off_t) };
+    if rc == 0 {
+        return Ok(());
+    }
+    let e = io::Error::last_os_error();
+    if e.raw_os_error() == Some(libc::EOPNOTSUPP) {
+        // A filesystem without fallocate: fall back to a sparse file.
+        return file.set_len(offset + length);
+    }
+    Err(e)
 }
 
 pub(crate) fn open_direct(path: &std::path::Path) -> io::Result<File> {
@@ -91,7 +112,11 @@ impl Device {
         match location {
             StoreLocation::File(p) => {
                 let file = OpenOptions::new().write(true).create_new(true).open(p)?;
-                file.set_len(size_bytes)?;
+                if let Err(e) = preallocate(&file, 0, size_bytes) {
+                    drop(file);
+                    let _ = std::fs::remove_file(p);
+                    return Err(e);
+                }
                 file.sync_all()
             }
             // The superblock slots (and the journal head) must not hold an
@@ -112,7 +137,7 @@ impl Device {
         let size_bytes = segments.iter().map(|s| s.length).sum();
         let files = files.into_iter().map(Arc::new).collect();
         let backend = Backend::new(kind, files)?;
-        Ok(Self { location: location.clone(), backend, segments, size_bytes, kind })
+        Ok(Self { location: location.clone(), backend, segments, size_bytes, kind, faults: Arc::default() })
     }
 
     /// Grows the byte range to at least `size_bytes` and reopens the mapping.
@@ -123,12 +148,13 @@ impl Device {
         match &self.location {
             StoreLocation::File(p) => {
                 let file = OpenOptions::new().write(true).open(p)?;
-                file.set_len(size_bytes)?;
+                preallocate(&file, self.size_bytes, size_bytes - self.size_bytes)?;
                 file.sync_all()?;
             }
             StoreLocation::Lvm { vg, lv } => lvm::lv_extend(vg, lv, size_bytes)?,
         }
-        *self = Self::open(&self.location.clone(), self.kind)?;
+        let faults = self.faults.clone();
+        *self = Self::open(&self.location.clone(), self.kind)?.with_faults(faults);
         Ok(())
     }
 
@@ -137,6 +163,12 @@ impl Device {
             StoreLocation::File(p) => std::fs::remove_file(p),
             StoreLocation::Lvm { vg, lv } => lvm::lv_remove(vg, lv),
         }
+    }
+
+    /// Routes this device's I/O through `faults`.
+    pub fn with_faults(mut self, faults: Arc<Faults>) -> Self {
+        self.faults = faults;
+        self
     }
 
     pub fn size_bytes(&self) -> u64 {
@@ -179,6 +211,11 @@ impl Device {
     }
 
     pub async fn read(&self, offset: u64, buf: AlignedBuf) -> io::Result<AlignedBuf> {
+        match self.faults.check(FaultOp::Read).await {
+            Verdict::Run => {}
+            Verdict::Fail(errno) => return Err(injected(errno)),
+            Verdict::Torn => return Err(injected(libc::EIO)),
+        }
         let pieces = self.pieces(offset, buf.len() as u64)?;
         if let [(file, phys, _, _)] = pieces[..] {
             return self.backend.read(file, phys, buf).await;
@@ -192,6 +229,21 @@ impl Device {
     }
 
     pub async fn write(&self, offset: u64, buf: AlignedBuf) -> io::Result<AlignedBuf> {
+        match self.faults.check(FaultOp::Write).await {
+            Verdict::Run => {}
+            Verdict::Fail(errno) => return Err(injected(errno)),
+            Verdict::Torn => {
+                let half = (buf.len() / 2).next_multiple_of(IO_ALIGN).min(buf.len());
+                if half > 0 {
+                    self.write_unchecked(offset, AlignedBuf::from_slice(&buf[..half])).await?;
+                }
+                return Err(injected(libc::EIO));
+            }
+        }
+        self.write_unchecked(offset, buf).await
+    }
+
+    async fn write_unchecked(&self, offset: u64, buf: AlignedBuf) -> io::Result<AlignedBuf> {
         let pieces = self.pieces(offset, buf.len() as u64)?;
         if let [(file, phys, _, _)] = pieces[..] {
             return self.backend.write(file, phys, buf).await;
@@ -203,7 +255,11 @@ impl Device {
     }
 
     pub async fn sync(&self) -> io::Result<()> {
-        self.backend.sync().await
+        match self.faults.check(FaultOp::Sync).await {
+            Verdict::Run => self.backend.sync().await,
+            Verdict::Fail(errno) => Err(injected(errno)),
+            Verdict::Torn => Err(injected(libc::EIO)),
+        }
     }
 }
 

@@ -8,7 +8,10 @@
 
 pub const BLOCK_SIZE: u64 = 4096;
 pub const BLOCK: usize = BLOCK_SIZE as usize;
-pub const FORMAT_VERSION: u32 = 1;
+/// Version 2 added the flush stamp to the superblock; version-1 stores
+/// open with no stamp (they claim no acknowledged flush).
+pub const FORMAT_VERSION: u32 = 2;
+const OLDEST_READABLE_VERSION: u32 = 1;
 /// Physical block number that stands for "reads as zeroes" in a layer map.
 pub const ZERO_PBA: u64 = u64::MAX;
 
@@ -39,6 +42,23 @@ pub struct Superblock {
     pub revision: u64,
     pub highest_epoch: u64,
     pub clean: bool,
+    /// The newest engine flush this store made durable (see [`FlushStamp`]).
+    pub stamp: FlushStamp,
+}
+
+/// Which acknowledged data a replica holds: the `(epoch, sequence)` of the
+/// last engine flush it made durable while it was a complete member of the
+/// volume. Every write an engine acknowledged before sending that flush is on
+/// this store. Ordered by epoch, then sequence. `FlushStamp::NONE` claims
+/// nothing: a new store, or one whose rebuild has not finished.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct FlushStamp {
+    pub epoch: u64,
+    pub sequence: u64,
+}
+
+impl FlushStamp {
+    pub const NONE: FlushStamp = FlushStamp { epoch: 0, sequence: 0 };
 }
 
 struct Writer<'a> {
@@ -132,6 +152,8 @@ impl Superblock {
         w.u64(self.revision);
         w.u64(self.highest_epoch);
         w.u8(self.clean as u8);
+        w.u64(self.stamp.epoch);
+        w.u64(self.stamp.sequence);
         seal(&mut block);
         block
     }
@@ -151,10 +173,10 @@ impl Superblock {
         let decoded = (|| {
             let version = r.u32()?;
             let block_size = r.u32()?;
-            if version != FORMAT_VERSION || block_size as u64 != BLOCK_SIZE {
+            if !(OLDEST_READABLE_VERSION..=FORMAT_VERSION).contains(&version) || block_size as u64 != BLOCK_SIZE {
                 return None;
             }
-            Some(Superblock {
+            let mut sb = Superblock {
                 store_id: r.u64()?,
                 sequence: r.u64()?,
                 volume_size: r.u64()?,
@@ -169,7 +191,12 @@ impl Superblock {
                 revision: r.u64()?,
                 highest_epoch: r.u64()?,
                 clean: r.u8()? != 0,
-            })
+                stamp: FlushStamp::NONE,
+            };
+            if version >= 2 {
+                sb.stamp = FlushStamp { epoch: r.u64()?, sequence: r.u64()? };
+            }
+            Some(sb)
         })();
         match decoded {
             Some(sb) => SlotContent::Valid(sb),
@@ -196,6 +223,9 @@ pub enum Record {
     Zero { layer: u64, lba: u64 },
     /// Layer no longer maps `lba` (reads fall through).
     Unmap { layer: u64, lba: u64 },
+    /// The store's flush stamp from here on (journaled with the flush that
+    /// earned it, after the data it covers was synced).
+    Stamp(FlushStamp),
 }
 
 const RECORD_BYTES: usize = 32;
@@ -209,6 +239,7 @@ impl Record {
             Record::Map { layer, lba, pba, crc } => (1u8, layer, lba, pba, crc),
             Record::Zero { layer, lba } => (2, layer, lba, 0, 0),
             Record::Unmap { layer, lba } => (3, layer, lba, 0, 0),
+            Record::Stamp(FlushStamp { epoch, sequence }) => (4, epoch, sequence, 0, 0),
         };
         w.u8(kind);
         w.bytes(&[0; 3]);
@@ -229,6 +260,7 @@ impl Record {
             1 => Some(Record::Map { layer, lba, pba, crc }),
             2 => Some(Record::Zero { layer, lba }),
             3 => Some(Record::Unmap { layer, lba }),
+            4 => Some(Record::Stamp(FlushStamp { epoch: layer, sequence: lba })),
             _ => None,
         }
     }
@@ -450,6 +482,7 @@ mod tests {
             revision: 42,
             highest_epoch: 5,
             clean: true,
+            stamp: FlushStamp { epoch: 4, sequence: 1234 },
         }
     }
 
@@ -464,6 +497,21 @@ mod tests {
         assert_eq!(Superblock::decode(&vec![1; BLOCK]), SlotContent::Foreign);
     }
 
+    #[test]
+    fn a_version_1_superblock_opens_without_a_stamp() {
+        let sb = superblock();
+        let mut block = sb.encode();
+        block[8..12].copy_from_slice(&1u32.to_le_bytes());
+        // Version 1 ended after the clean flag: no stamp bytes.
+        let stamp_at = 8 + 4 + 4 + 8 * 10 + 4 + 8 + 8 + 1;
+        block[stamp_at..stamp_at + 16].fill(0);
+        seal(&mut block);
+        assert_eq!(Superblock::decode(&block), SlotContent::Valid(Superblock { stamp: FlushStamp::NONE, ..sb }));
+        block[8..12].copy_from_slice(&3u32.to_le_bytes());
+        seal(&mut block);
+        assert_eq!(Superblock::decode(&block), SlotContent::Unsupported);
+    }
+
     fn record() -> impl Strategy<Value = Record> {
         prop_oneof![
             (any::<u64>(), any::<u64>(), any::<u64>(), any::<u32>()).prop_map(|(layer, lba, pba, crc)| Record::Map {
@@ -474,6 +522,7 @@ mod tests {
             }),
             (any::<u64>(), any::<u64>()).prop_map(|(layer, lba)| Record::Zero { layer, lba }),
             (any::<u64>(), any::<u64>()).prop_map(|(layer, lba)| Record::Unmap { layer, lba }),
+            (any::<u64>(), any::<u64>()).prop_map(|(epoch, sequence)| Record::Stamp(FlushStamp { epoch, sequence })),
         ]
     }
 

@@ -2,6 +2,7 @@
 //! logical volume or a file, served over gRPC.
 
 pub mod device;
+pub mod faults;
 pub mod format;
 pub mod io;
 pub mod lvm;

@@ -14,7 +14,7 @@ use tokio::sync::{Semaphore, mpsc};
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::format::BLOCK_SIZE;
+use crate::format::{BLOCK_SIZE, FlushStamp};
 use crate::store::{SnapshotInfo, StartedWrite, Store, StoreError, StoreInfo};
 
 /// Largest single request or response message, data included.
@@ -41,7 +41,7 @@ fn status(e: StoreError) -> Status {
         StoreError::NotFound(_) => Status::not_found(msg),
         StoreError::AlreadyExists(_) => Status::already_exists(msg),
         StoreError::Fenced { .. } => Status::failed_precondition(msg),
-        StoreError::OutOfSpace { .. } => Status::resource_exhausted(msg),
+        StoreError::OutOfSpace { .. } | StoreError::DeviceFull { .. } => Status::resource_exhausted(msg),
         StoreError::Checksum { .. } | StoreError::Io { .. } | StoreError::Corrupt(_) => Status::data_loss(msg),
         StoreError::Failed(_) | StoreError::NotAStore(_) => Status::unavailable(msg),
     }
@@ -54,7 +54,7 @@ fn io_status(e: &StoreError) -> IoStatus {
         | StoreError::NotFound(_)
         | StoreError::AlreadyExists(_) => IoStatus::InvalidArgument,
         StoreError::Fenced { .. } => IoStatus::Fenced,
-        StoreError::OutOfSpace { .. } => IoStatus::OutOfSpace,
+        StoreError::OutOfSpace { .. } | StoreError::DeviceFull { .. } => IoStatus::OutOfSpace,
         StoreError::Checksum { .. } | StoreError::Io { .. } | StoreError::Corrupt(_) => IoStatus::IoError,
         StoreError::Failed(_) | StoreError::NotAStore(_) => IoStatus::Unavailable,
     }
@@ -73,6 +73,8 @@ fn info_response(info: StoreInfo) -> InfoResponse {
         layer_count: info.layer_count,
         store: info.location,
         store_id: info.store_id,
+        stamp_epoch: info.stamp.epoch,
+        stamp_sequence: info.stamp.sequence,
     }
 }
 
@@ -147,10 +149,9 @@ async fn complete(store: &Store, ordered: Ordered) -> IoResponse {
             let outcome = if req.op == IoOp::Read as i32 {
                 store.read(req.epoch, req.offset, req.length).await.map(Bytes::from_owner)
             } else {
-                match store.check_epoch(req.epoch).await {
-                    Ok(()) => store.flush().await.map(|()| Bytes::new()),
-                    Err(e) => Err(e),
-                }
+                let stamp = (req.flush_sequence != 0)
+                    .then_some(FlushStamp { epoch: req.epoch, sequence: req.flush_sequence });
+                store.flush_stamped(req.epoch, stamp).await.map(|()| Bytes::new())
             };
             respond(req.id, outcome)
         }
@@ -204,7 +205,13 @@ impl Replica for ReplicaService {
     }
 
     async fn set_epoch(&self, request: Request<SetEpochRequest>) -> Result<Response<InfoResponse>, Status> {
-        self.store.check_epoch(request.into_inner().epoch).await.map_err(status)?;
+        self.store.raise_epoch(request.into_inner().epoch).await.map_err(status)?;
+        Ok(Response::new(info_response(self.store.info())))
+    }
+
+    async fn withdraw_stamp(&self, request: Request<WithdrawStampRequest>) -> Result<Response<InfoResponse>, Status> {
+        let epoch = request.into_inner().epoch;
+        self.store.flush_stamped(epoch, Some(FlushStamp::NONE)).await.map_err(status)?;
         Ok(Response::new(info_response(self.store.info())))
     }
 
@@ -244,7 +251,7 @@ impl Replica for ReplicaService {
 
     async fn extents(&self, request: Request<ExtentsRequest>) -> Result<Response<ExtentsResponse>, Status> {
         let r = request.into_inner();
-        let extents = if r.merged { self.store.allocation(r.offset, r.length) } else { self.store.extents(&r.layer) }
+        let extents = if r.merged { self.store.allocation(r.offset, r.length).await } else { self.store.extents(&r.layer) }
             .map_err(status)?;
         Ok(Response::new(ExtentsResponse {
             extents: extents.into_iter().map(|e| Extent { offset: e.offset, length: e.length, zero: e.zero }).collect(),
@@ -253,7 +260,7 @@ impl Replica for ReplicaService {
 
     async fn checksums(&self, request: Request<ChecksumsRequest>) -> Result<Response<ChecksumsResponse>, Status> {
         let r = request.into_inner();
-        let crc32 = self.store.checksums(&r.layer, r.merged, r.offset, r.length, r.chunk_size).map_err(status)?;
+        let crc32 = self.store.checksums(&r.layer, r.merged, r.offset, r.length, r.chunk_size).await.map_err(status)?;
         Ok(Response::new(ChecksumsResponse { crc32 }))
     }
 

@@ -22,9 +22,10 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use thiserror::Error;
 
 use crate::device::{Device, StoreLocation};
+use crate::faults::Faults;
 use crate::format::{
-    self, BLOCK, BLOCK_SIZE, CheckpointImage, Entry, JournalBlock, LayerImage, RECORDS_PER_JOURNAL_BLOCK, Record,
-    SlotContent, Superblock, ZERO_PBA,
+    self, BLOCK, BLOCK_SIZE, CheckpointImage, Entry, FlushStamp, JournalBlock, LayerImage, RECORDS_PER_JOURNAL_BLOCK,
+    Record, SlotContent, Superblock, ZERO_PBA,
 };
 use crate::io::{AlignedBuf, BackendKind};
 
@@ -36,6 +37,8 @@ pub enum StoreError {
     Fenced { epoch: u64, highest: u64 },
     #[error("out of space: {needed} blocks needed, {free} free")]
     OutOfSpace { needed: u64, free: u64 },
+    #[error("out of space: the device refused to {op}")]
+    DeviceFull { op: &'static str },
     #[error("checksum mismatch reading volume offset {offset}")]
     Checksum { offset: u64 },
     #[error("{op} failed: {source}")]
@@ -57,8 +60,25 @@ pub enum StoreError {
 type Result<T> = std::result::Result<T, StoreError>;
 
 fn io_err(op: &'static str) -> impl FnOnce(std::io::Error) -> StoreError {
-    move |source| StoreError::Io { op, source }
+    move |source| match source.raw_os_error() {
+        Some(libc::ENOSPC) | Some(libc::EDQUOT) => StoreError::DeviceFull { op },
+        _ => StoreError::Io { op, source },
+    }
 }
+
+/// Largest single read: a stream read or a rebuild's layer read. Anything
+/// bigger is refused before a buffer is allocated for it.
+pub const MAX_READ_BYTES: u64 = 32 << 20;
+
+/// Blocks a trim, allocation scan or checksum scan handles per hold of the
+/// metadata lock; between slices other I/O on the store proceeds.
+const SLICE_BLOCKS: u64 = 16 << 10;
+
+/// Most checksums one request may ask for (16 MiB of answer).
+pub const MAX_CHECKSUMS: u64 = 4 << 20;
+
+/// Longest range one allocation scan may cover (NBD asks at most 4 GiB).
+pub const MAX_ALLOCATION_BYTES: u64 = 4 << 30;
 
 /// crc32 of an all-zero block: what unmapped and trimmed blocks read as.
 pub fn zero_block_crc() -> u32 {
@@ -237,6 +257,8 @@ struct Meta {
     next_write_seq: u64,
     lba_writes: HashMap<(u64, u64), LbaWrites>,
     revision: u64,
+    /// The newest flush stamp applied (durable once its record is).
+    stamp: FlushStamp,
     data_dirty: bool,
     failed: Option<String>,
     clean_at_open: bool,
@@ -419,6 +441,7 @@ pub struct StoreInfo {
     pub layer_count: u32,
     pub location: String,
     pub store_id: u64,
+    pub stamp: FlushStamp,
 }
 
 /// State of one block within one layer, as rebuilds see it.
@@ -450,6 +473,8 @@ pub struct Extent {
 
 pub struct Store {
     device: RwLock<Arc<Device>>,
+    /// Faults tests inject into the device at run time.
+    faults: Arc<Faults>,
     meta: Mutex<Meta>,
     /// Serialises journal commits, checkpoints and superblock writes.
     commit: tokio::sync::Mutex<()>,
@@ -544,6 +569,7 @@ impl Store {
             revision: 0,
             highest_epoch: 0,
             clean: true,
+            stamp: FlushStamp::NONE,
         };
         let mut alloc = Allocator::new(capacity_blocks);
         for pba in 0..data_start {
@@ -556,7 +582,7 @@ impl Store {
             size_bytes: volume_size,
             map: BTreeMap::new(),
         };
-        Ok(Self::assemble(device, sb, vec![head], 2, alloc, Vec::new(), 0, true))
+        Ok(Self::assemble(device, sb, vec![head], 2, alloc, Vec::new(), 0, FlushStamp::NONE, true))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -568,6 +594,7 @@ impl Store {
         alloc: Allocator,
         checkpoint_pbas: Vec<u64>,
         revision: u64,
+        stamp: FlushStamp,
         clean_at_open: bool,
     ) -> Store {
         let meta = Meta {
@@ -585,12 +612,15 @@ impl Store {
             next_write_seq: 1,
             lba_writes: HashMap::new(),
             revision,
+            stamp,
             data_dirty: false,
             failed: None,
             clean_at_open,
         };
+        let faults = Arc::new(Faults::default());
         Store {
-            device: RwLock::new(Arc::new(device)),
+            device: RwLock::new(Arc::new(device.with_faults(faults.clone()))),
+            faults,
             meta: Mutex::new(meta),
             commit: tokio::sync::Mutex::new(()),
             gate: Arc::new(tokio::sync::RwLock::new(())),
@@ -664,6 +694,8 @@ impl Store {
             .await
             .map_err(io_err("read journal"))?;
         let mut revision = image.revision;
+        let mut stamp = sb.stamp;
+        let volume_blocks = sb.volume_size / BLOCK_SIZE;
         let mut replayed = 0u64;
         for (index, raw) in journal.chunks(BLOCK).enumerate() {
             let Some(jb) = JournalBlock::decode(raw, sb.store_id) else {
@@ -672,21 +704,33 @@ impl Store {
             if jb.generation != sb.journal_generation || jb.index != index as u64 {
                 break;
             }
+            let at = (sb.journal_start + index as u64) * BLOCK_SIZE;
             for record in jb.records {
                 let (layer_id, lba, value) = match record {
+                    Record::Stamp(s) => {
+                        stamp = s;
+                        continue;
+                    }
                     Record::Map { layer, lba, pba, crc } => {
                         if pba < data_start || !alloc.claim(pba) {
-                            return Err(corrupt(format!("journal maps block {lba} to used block {pba}")));
+                            return Err(corrupt(format!(
+                                "journal block at byte {at} maps block {lba} to used or reserved block {pba}"
+                            )));
                         }
                         (layer, lba, Some(Entry { pba, crc }))
                     }
                     Record::Zero { layer, lba } => (layer, lba, Some(Entry { pba: ZERO_PBA, crc: zero_block_crc() })),
                     Record::Unmap { layer, lba } => (layer, lba, None),
                 };
+                if lba >= volume_blocks {
+                    return Err(corrupt(format!(
+                        "journal block at byte {at} names block {lba}, past the volume's {volume_blocks} blocks"
+                    )));
+                }
                 let layer = layers
                     .iter_mut()
                     .find(|l| l.id == layer_id)
-                    .ok_or_else(|| corrupt(format!("journal names unknown layer {layer_id}")))?;
+                    .ok_or_else(|| corrupt(format!("journal block at byte {at} names unknown layer {layer_id}")))?;
                 let old = match value {
                     Some(e) => layer.map.insert(lba, e),
                     None => layer.map.remove(&lba),
@@ -702,12 +746,14 @@ impl Store {
             generation = sb.journal_generation,
             replayed_blocks = replayed,
             revision,
+            stamp_epoch = stamp.epoch,
+            stamp_sequence = stamp.sequence,
             clean = sb.clean,
             "store loaded"
         );
         let clean = sb.clean;
         let next_layer_id = image.next_layer_id;
-        Ok(Self::assemble(device, sb, layers, next_layer_id, alloc, checkpoint_pbas, revision, clean))
+        Ok(Self::assemble(device, sb, layers, next_layer_id, alloc, checkpoint_pbas, revision, stamp, clean))
     }
 
     fn device(&self) -> Arc<Device> {
@@ -718,16 +764,36 @@ impl Store {
         self.meta.lock().expect("store metadata lock poisoned")
     }
 
-    /// Refuses requests from an older epoch; makes a newer one durable first.
-    pub async fn check_epoch(&self, epoch: u64) -> Result<()> {
+    /// The injected-fault switchboard of this store's device (tests).
+    pub fn faults(&self) -> Arc<Faults> {
+        self.faults.clone()
+    }
+
+    /// Whether `epoch` is newer than the highest seen; an older one is
+    /// refused.
+    fn is_newer_epoch(&self, epoch: u64) -> Result<bool> {
         let highest = self.meta().sb.highest_epoch;
         if epoch < highest {
             return Err(StoreError::Fenced { epoch, highest });
         }
-        if epoch == highest {
+        Ok(epoch > highest)
+    }
+
+    /// Raises the fencing epoch to `epoch`, durable before it returns. It
+    /// first drains every request admitted under the older epoch (they hold
+    /// the gate shared), so once this returns nothing of an older engine
+    /// can still land. An older epoch is refused. (SetEpoch.)
+    pub async fn raise_epoch(&self, epoch: u64) -> Result<()> {
+        if !self.is_newer_epoch(epoch)? {
             return Ok(());
         }
+        let _gate = self.gate.write().await;
         let _commit = self.commit.lock().await;
+        self.raise_epoch_locked(epoch).await
+    }
+
+    /// The check and the raise, with the gate held exclusively and `commit`.
+    async fn raise_epoch_locked(&self, epoch: u64) -> Result<()> {
         let sb = {
             let meta = self.meta();
             meta.check_usable()?;
@@ -743,6 +809,21 @@ impl Store {
         tracing::info!(epoch, "fencing epoch raised");
         self.meta().sb = sb;
         Ok(())
+    }
+
+    /// Admits one data request of `epoch`: returns the gate held shared with
+    /// the epoch checked under it, so an epoch raise (which takes the gate
+    /// exclusively) either waits for this request to finish or is seen by
+    /// it. A newer epoch is raised first.
+    async fn admit(&self, epoch: u64) -> Result<tokio::sync::OwnedRwLockReadGuard<()>> {
+        loop {
+            let gate = self.gate.clone().read_owned().await;
+            if !self.is_newer_epoch(epoch)? {
+                return Ok(gate);
+            }
+            drop(gate);
+            self.raise_epoch(epoch).await?;
+        }
     }
 
     async fn write_superblock(&self, sb: &Superblock) -> Result<()> {
@@ -799,8 +880,7 @@ impl Store {
     /// the same stream ends up with the same blocks.
     pub async fn start_write(&self, epoch: u64, layer: &str, offset: u64, length: u64) -> Result<StartedWrite> {
         Self::check_write_length(length)?;
-        self.check_epoch(epoch).await?;
-        let gate = self.gate.clone().read_owned().await;
+        let gate = self.admit(epoch).await?;
         let blocks = length / BLOCK_SIZE;
         let first_lba = offset / BLOCK_SIZE;
         let mut committed = false;
@@ -870,42 +950,66 @@ impl Store {
     /// Makes `[offset, offset+length)` read as zeroes and frees its blocks
     /// (TRIM and WRITE_ZEROES have the same effect here).
     pub async fn trim(&self, epoch: u64, offset: u64, length: u64) -> Result<()> {
-        self.check_epoch(epoch).await?;
-        let _gate = self.gate.read().await;
-        self.zero_layer_range("", offset, length)
+        let _gate = self.admit(epoch).await?;
+        self.zero_layer_range("", offset, length).await
     }
 
-    fn zero_layer_range(&self, layer: &str, offset: u64, length: u64) -> Result<()> {
-        let mut meta = self.meta();
-        meta.check_usable()?;
-        self.check_range(&meta, offset, length)?;
-        let index = meta.layer_index(layer)?;
-        let layer_id = meta.layers[index].id;
-        let seq = meta.next_write_seq;
-        meta.next_write_seq += 1;
-        let first = offset / BLOCK_SIZE;
-        let reserve = meta.reserve_blocks(length / BLOCK_SIZE);
-        if meta.alloc.free < reserve {
-            return Err(StoreError::OutOfSpace { needed: reserve, free: meta.alloc.free });
-        }
-        for lba in first..first + length / BLOCK_SIZE {
-            if let Some(state) = meta.lba_writes.get_mut(&(layer_id, lba)) {
-                state.applied_seq = seq;
+    /// Makes a range of one layer read as zeroes, a slice at a time so other
+    /// requests get the metadata lock in between. The caller's stream starts
+    /// nothing after this before it returns, so only requests started
+    /// earlier run meanwhile; they are ordered before it (`applied_seq`).
+    async fn zero_layer_range(&self, layer: &str, offset: u64, length: u64) -> Result<()> {
+        let (layer_id, seq) = {
+            let mut meta = self.meta();
+            meta.check_usable()?;
+            self.check_range(&meta, offset, length)?;
+            let index = meta.layer_index(layer)?;
+            let reserve = meta.reserve_blocks(length / BLOCK_SIZE);
+            if meta.alloc.free < reserve {
+                return Err(StoreError::OutOfSpace { needed: reserve, free: meta.alloc.free });
             }
-            let value = meta.zero_value(index, lba);
-            let current = meta.layers[index].map.get(&lba).copied();
-            if current.is_none() && value.is_none() {
-                continue;
+            let seq = meta.next_write_seq;
+            meta.next_write_seq += 1;
+            (meta.layers[index].id, seq)
+        };
+        let end = (offset + length) / BLOCK_SIZE;
+        let mut from = offset / BLOCK_SIZE;
+        while from < end {
+            let to = (from + SLICE_BLOCKS).min(end);
+            {
+                let mut meta = self.meta();
+                meta.check_usable()?;
+                let index = meta
+                    .layers
+                    .iter()
+                    .position(|l| l.id == layer_id)
+                    .ok_or_else(|| StoreError::NotFound(format!("layer {layer:?}")))?;
+                for state in meta.lba_writes.iter_mut().filter(|((l, b), _)| *l == layer_id && (from..to).contains(b)) {
+                    state.1.applied_seq = state.1.applied_seq.max(seq);
+                }
+                // Only blocks some layer up to this one maps can change.
+                let mapped: std::collections::BTreeSet<u64> =
+                    meta.layers[..=index].iter().flat_map(|l| l.map.range(from..to).map(|(k, _)| *k)).collect();
+                for lba in mapped {
+                    let value = meta.zero_value(index, lba);
+                    let current = meta.layers[index].map.get(&lba).copied();
+                    if current.is_none() && value.is_none() || current == value {
+                        continue;
+                    }
+                    meta.set_entry(index, lba, value);
+                }
             }
-            meta.set_entry(index, lba, value);
+            from = to;
+            if from < end {
+                tokio::task::yield_now().await;
+            }
         }
         Ok(())
     }
 
     /// Reads `[offset, offset+length)` of the volume (all layers).
     pub async fn read(&self, epoch: u64, offset: u64, length: u64) -> Result<AlignedBuf> {
-        self.check_epoch(epoch).await?;
-        let _gate = self.gate.read().await;
+        let _gate = self.admit(epoch).await?;
         self.read_view(None, offset, length).await.map(|(buf, _)| buf)
     }
 
@@ -930,6 +1034,11 @@ impl Store {
         offset: u64,
         length: u64,
     ) -> Result<(AlignedBuf, Vec<BlockState>)> {
+        if length > MAX_READ_BYTES {
+            return Err(StoreError::InvalidArgument(format!(
+                "read of {length} bytes is larger than the {MAX_READ_BYTES}-byte maximum"
+            )));
+        }
         let first = offset / BLOCK_SIZE;
         let (ticket, entries) = {
             let mut meta = self.meta();
@@ -1005,6 +1114,26 @@ impl Store {
             i += n;
         }
         Ok(out)
+    }
+
+    /// An engine's flush: every write completed before it is made durable,
+    /// and with `stamp` the store records that it holds everything the
+    /// engine acknowledged before sending that flush. The stamp is journaled
+    /// after the data it covers is synced, so a durable stamp never claims
+    /// data that is not. `FlushStamp::NONE` withdraws the claim (a rebuild
+    /// target, until it is complete).
+    pub async fn flush_stamped(&self, epoch: u64, stamp: Option<FlushStamp>) -> Result<()> {
+        let _gate = self.admit(epoch).await?;
+        let _commit = self.commit.lock().await;
+        if let Some(stamp) = stamp {
+            let mut meta = self.meta();
+            meta.check_usable()?;
+            if meta.stamp != stamp {
+                meta.stamp = stamp;
+                meta.pending.push(Record::Stamp(stamp));
+            }
+        }
+        self.commit_locked(false, false).await
     }
 
     /// Makes every completed write durable.
@@ -1095,6 +1224,7 @@ impl Store {
                 checkpoint_len: blob.len() as u64,
                 checkpoint_crc: format::crc32(&blob),
                 revision: meta.revision,
+                stamp: meta.stamp,
                 clean,
                 ..meta.sb.clone()
             };
@@ -1140,9 +1270,9 @@ impl Store {
 
     /// Runs a structural change with I/O drained, then checkpoints it.
     async fn structural<T>(&self, epoch: u64, change: impl FnOnce(&mut Meta) -> Result<T>) -> Result<T> {
-        self.check_epoch(epoch).await?;
         let _gate = self.gate.write().await;
         let _commit = self.commit.lock().await;
+        self.raise_epoch_locked(epoch).await?;
         let out = {
             let mut meta = self.meta();
             meta.check_usable()?;
@@ -1231,9 +1361,9 @@ impl Store {
     /// Grows the volume to `size_bytes`, growing the store's byte range by as
     /// much again plus room for snapshots. Shrinking is refused.
     pub async fn expand(&self, epoch: u64, size_bytes: u64) -> Result<()> {
-        self.check_epoch(epoch).await?;
         let _gate = self.gate.write().await;
         let _commit = self.commit.lock().await;
+        self.raise_epoch_locked(epoch).await?;
         let (old_size, capacity_blocks) = {
             let meta = self.meta();
             meta.check_usable()?;
@@ -1255,8 +1385,9 @@ impl Store {
             if current.size_bytes() < wanted {
                 // All I/O is drained (gate) and commits are held (commit).
                 let mut device = self.device.write().expect("device lock");
-                let mut grown =
-                    Device::open(current.location(), current.backend_kind()).map_err(io_err("reopen store"))?;
+                let mut grown = Device::open(current.location(), current.backend_kind())
+                    .map_err(io_err("reopen store"))?
+                    .with_faults(self.faults.clone());
                 grown.grow(wanted).map_err(io_err("grow store"))?;
                 *device = Arc::new(grown);
             }
@@ -1281,9 +1412,8 @@ impl Store {
     }
 
     pub async fn zero_layer(&self, epoch: u64, layer: &str, offset: u64, length: u64) -> Result<()> {
-        self.check_epoch(epoch).await?;
-        let _gate = self.gate.read().await;
-        self.zero_layer_range(layer, offset, length)
+        let _gate = self.admit(epoch).await?;
+        self.zero_layer_range(layer, offset, length).await
     }
 
     /// Inserts an empty sealed layer `name` directly below layer `below`
@@ -1305,17 +1435,33 @@ impl Store {
 
     /// Allocation of the volume as read within `[offset, offset+length)`:
     /// coalesced ranges, `zero` where it reads as zeroes without data.
-    pub fn allocation(&self, offset: u64, length: u64) -> Result<Vec<Extent>> {
-        let meta = self.meta();
-        self.check_range(&meta, offset, length)?;
-        let head = meta.head_index();
+    /// A large range is scanned a slice at a time (other I/O runs between).
+    pub async fn allocation(&self, offset: u64, length: u64) -> Result<Vec<Extent>> {
+        self.check_range(&self.meta(), offset, length)?;
+        if length > MAX_ALLOCATION_BYTES {
+            return Err(StoreError::InvalidArgument(format!(
+                "allocation of {length} bytes asked; at most {MAX_ALLOCATION_BYTES} per request"
+            )));
+        }
         let mut out: Vec<Extent> = Vec::new();
-        for lba in offset / BLOCK_SIZE..(offset + length) / BLOCK_SIZE {
-            let zero = meta.resolve(head, lba).is_none();
-            let at = lba * BLOCK_SIZE;
-            match out.last_mut() {
-                Some(last) if last.zero == zero => last.length += BLOCK_SIZE,
-                _ => out.push(Extent { offset: at, length: BLOCK_SIZE, zero }),
+        let end = (offset + length) / BLOCK_SIZE;
+        let mut from = offset / BLOCK_SIZE;
+        while from < end {
+            let to = (from + SLICE_BLOCKS).min(end);
+            {
+                let meta = self.meta();
+                let head = meta.head_index();
+                for lba in from..to {
+                    let zero = meta.resolve(head, lba).is_none();
+                    match out.last_mut() {
+                        Some(last) if last.zero == zero => last.length += BLOCK_SIZE,
+                        _ => out.push(Extent { offset: lba * BLOCK_SIZE, length: BLOCK_SIZE, zero }),
+                    }
+                }
+            }
+            from = to;
+            if from < end {
+                tokio::task::yield_now().await;
             }
         }
         Ok(out)
@@ -1340,35 +1486,69 @@ impl Store {
     /// One crc32 per `chunk` bytes of `[offset, offset+length)`, computed from
     /// the per-block checksums (no data is read). `layer` empty with `merged`
     /// covers the volume as read; otherwise one layer's own mapping.
-    pub fn checksums(&self, layer: &str, merged: bool, offset: u64, length: u64, chunk: u64) -> Result<Vec<u32>> {
+    /// A large range is scanned a slice at a time (other I/O runs between).
+    pub async fn checksums(
+        &self,
+        layer: &str,
+        merged: bool,
+        offset: u64,
+        length: u64,
+        chunk: u64,
+    ) -> Result<Vec<u32>> {
         if chunk == 0 || chunk % BLOCK_SIZE != 0 || length % chunk != 0 {
             return Err(StoreError::InvalidArgument(format!(
                 "chunk size {chunk} must be a positive multiple of {BLOCK_SIZE} dividing the length {length}"
             )));
         }
-        let meta = self.meta();
-        self.check_range(&meta, offset, length)?;
-        let index = meta.layer_index(layer)?;
+        if length / chunk > MAX_CHECKSUMS {
+            return Err(StoreError::InvalidArgument(format!(
+                "{} checksums asked; at most {MAX_CHECKSUMS} per request",
+                length / chunk
+            )));
+        }
+        let layer_id = {
+            let meta = self.meta();
+            self.check_range(&meta, offset, length)?;
+            meta.layers[meta.layer_index(layer)?].id
+        };
         let per_chunk = chunk / BLOCK_SIZE;
         let first = offset / BLOCK_SIZE;
-        Ok((0..length / chunk)
-            .map(|c| {
-                let mut h = crc32fast::Hasher::new();
-                for lba in first + c * per_chunk..first + (c + 1) * per_chunk {
-                    let (state, crc) = if merged {
-                        (1u8, meta.resolve(index, lba).map_or(zero_block_crc(), |e| e.crc))
-                    } else {
-                        match meta.layers[index].map.get(&lba) {
-                            None => (0, 0),
-                            Some(e) => (1, e.crc),
-                        }
-                    };
-                    h.update(&[state]);
-                    h.update(&crc.to_le_bytes());
+        let chunks = length / chunk;
+        let chunks_per_slice = (SLICE_BLOCKS / per_chunk).max(1);
+        let mut out = Vec::with_capacity(chunks.min(1 << 20) as usize);
+        let mut c = 0;
+        while c < chunks {
+            let until = (c + chunks_per_slice).min(chunks);
+            {
+                let meta = self.meta();
+                let index = meta
+                    .layers
+                    .iter()
+                    .position(|l| l.id == layer_id)
+                    .ok_or_else(|| StoreError::NotFound(format!("layer {layer:?}")))?;
+                for c in c..until {
+                    let mut h = crc32fast::Hasher::new();
+                    for lba in first + c * per_chunk..first + (c + 1) * per_chunk {
+                        let (state, crc) = if merged {
+                            (1u8, meta.resolve(index, lba).map_or(zero_block_crc(), |e| e.crc))
+                        } else {
+                            match meta.layers[index].map.get(&lba) {
+                                None => (0, 0),
+                                Some(e) => (1, e.crc),
+                            }
+                        };
+                        h.update(&[state]);
+                        h.update(&crc.to_le_bytes());
+                    }
+                    out.push(h.finalize());
                 }
-                h.finalize()
-            })
-            .collect())
+            }
+            c = until;
+            if c < chunks {
+                tokio::task::yield_now().await;
+            }
+        }
+        Ok(out)
     }
 
     pub fn info(&self) -> StoreInfo {
@@ -1384,6 +1564,7 @@ impl Store {
             layer_count: meta.layers.len() as u32,
             location: device.location().to_string(),
             store_id: meta.sb.store_id,
+            stamp: meta.stamp,
         }
     }
 

@@ -223,7 +223,7 @@ fn bad_requests_are_refused_and_change_nothing() {
             store.snapshot_revert(1, "nope").await.unwrap_err(),
             store.snapshot_create(1, "bad name!").await.unwrap_err(),
             store.expand(1, 4 * BLOCK as u64).await.unwrap_err(),
-            store.checksums("", true, 0, BLOCK as u64, 1000).unwrap_err(),
+            store.checksums("", true, 0, BLOCK as u64, 1000).await.unwrap_err(),
         ];
         for e in &cases {
             assert!(

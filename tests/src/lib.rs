@@ -343,7 +343,7 @@ impl DataStream {
         let id = self.next_id.fetch_add(1, Ordering::SeqCst);
         let (tx, rx) = oneshot::channel();
         self.waiting.lock().unwrap().insert(id, tx);
-        let req = IoRequest { id, op: op as i32, offset, length, data, epoch, fua: false };
+        let req = IoRequest { id, op: op as i32, offset, length, data, epoch, fua: false, flush_sequence: 0 };
         if self.tx.send(req).is_err() {
             self.waiting.lock().unwrap().remove(&id);
         }

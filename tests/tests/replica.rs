@@ -249,6 +249,7 @@ fn one_message_of_many_requests_is_applied_in_order() {
             data: pattern(block, version).into(),
             epoch: EPOCH,
             fua: false,
+            flush_sequence: 0,
         };
         // Block 7 written five times in one message; block 8 once, with a
         // request in between whose length does not match its data.

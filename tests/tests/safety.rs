@@ -1,0 +1,193 @@
+//! Data-safety regressions, each reproduced the way a user would meet it:
+//! real replica and engine processes, the engine's CLI, a raw NBD client.
+//!
+//! - The engine elects its source by flush stamp, not by how many map
+//!   entries a replica applied: a replica with a long history of overwrites
+//!   must not beat one that took newer flushed writes.
+//! - With --write-majority an engine cut off from most replicas refuses
+//!   writes instead of acknowledging them.
+//! - A huge read on the replica's stream is refused, and the replica goes on
+//!   answering.
+
+use std::path::Path;
+
+use ironhorn_tests::*;
+
+const SIZE: &str = "64MiB";
+const BLOCK: u64 = 4096;
+const NBD_READ: u16 = 0;
+const NBD_WRITE: u16 = 1;
+const NBD_FLUSH: u16 = 3;
+
+fn replica(dir: &Path, name: &str) -> Process {
+    let store = format!("file:{}", dir.join(format!("{name}.img")).display());
+    start_replica(name, &store, SIZE, dir, &[]).expect("start replica")
+}
+
+fn engine(dir: &Path, name: &str, epoch: u64, replicas: &[&Process], extra: &[&str]) -> Process {
+    let addresses: Vec<&str> = replicas.iter().map(|r| r.address.as_str()).collect();
+    let socket = dir.join(format!("{name}.sock"));
+    start_engine(name, "vol", SIZE, epoch, &addresses, &socket, dir, extra).expect("start engine")
+}
+
+fn nbd(dir: &Path, engine: &str) -> NbdClient {
+    NbdClient::connect(&dir.join(format!("{engine}.sock")), "vol").expect("NBD connect")
+}
+
+fn write_block(c: &mut NbdClient, block: u64, version: u64) {
+    let (error, _) = c.request(NBD_WRITE, block * BLOCK, BLOCK as u32, &pattern(block, version)).unwrap();
+    assert_eq!(error, 0, "write of block {block} version {version}");
+}
+
+fn flush(c: &mut NbdClient) {
+    assert_eq!(c.request(NBD_FLUSH, 0, 0, &[]).unwrap().0, 0, "flush");
+}
+
+fn read_version(c: &mut NbdClient, block: u64) -> Option<u64> {
+    let (error, data) = c.request(NBD_READ, block * BLOCK, BLOCK as u32, &[]).unwrap();
+    assert_eq!(error, 0, "read of block {block}");
+    version_of(block, &data)
+}
+
+/// The sequence from the review: A and B take 2,000 overwrites of one
+/// block; A dies; an empty C is rebuilt from B (its revision counter is now
+/// small); B dies; C alone takes 50 flushed writes; everything crashes; B
+/// and C restart under a new engine. The engine must serve C's data. (It
+/// served B's, losing all 50 flushed writes, when it elected by revision.)
+#[test]
+fn a_replica_with_a_long_history_does_not_beat_newer_flushed_writes() {
+    require_root();
+    let dir = TempDir::new("safety-elect");
+    let mut a = replica(dir.path(), "a");
+    let mut b = replica(dir.path(), "b");
+    let mut e1 = engine(dir.path(), "e1", 1, &[&a, &b], &[]);
+    let mut client = nbd(dir.path(), "e1");
+    for version in 1..=2000 {
+        write_block(&mut client, 0, version);
+        if version % 100 == 0 {
+            flush(&mut client);
+        }
+    }
+    a.kill9();
+    let mut c = replica(dir.path(), "c");
+    engine_cli(&["replica", "add", "--engine", &e1.address, "--replica", &c.address]).expect("rebuild C from B");
+    assert_eq!(replica_modes(&engine_status(&e1))[&c.address], "RW");
+    b.kill9();
+    for block in 100..150 {
+        write_block(&mut client, block, 7);
+        flush(&mut client);
+    }
+    drop(client);
+    e1.kill9();
+    c.kill9();
+
+    let b = replica(dir.path(), "b");
+    let c = replica(dir.path(), "c");
+    let _e2 = engine(dir.path(), "e2", 2, &[&b, &c], &[]);
+    let mut client = nbd(dir.path(), "e2");
+    let lost: Vec<u64> = (100..150).filter(|&block| read_version(&mut client, block) != Some(7)).collect();
+    assert!(lost.is_empty(), "flushed writes lost after the restart, blocks {lost:?}");
+    assert_eq!(read_version(&mut client, 0), Some(2000), "the overwritten block keeps its last flushed version");
+}
+
+/// A rebuilt replica that went stale: C is rebuilt from B (C's stamp is
+/// handed over only by the flush after the rebuild), then C dies and B alone
+/// takes the newest flushed writes. Restarted together, with C listed first,
+/// B serves: neither the list order nor C's copied history counts.
+#[test]
+fn a_rebuilt_replica_that_went_stale_does_not_serve_whatever_the_list_order() {
+    require_root();
+    let dir = TempDir::new("safety-elect2");
+    let b = replica(dir.path(), "b");
+    let mut e1 = engine(dir.path(), "e1", 1, &[&b], &[]);
+    let mut client = nbd(dir.path(), "e1");
+    for block in 0..4000 {
+        write_block(&mut client, block, 1);
+    }
+    flush(&mut client);
+    let mut c = replica(dir.path(), "c");
+    engine_cli(&["replica", "add", "--engine", &e1.address, "--replica", &c.address]).expect("rebuild C from B");
+    c.kill9();
+    for block in 0..10 {
+        write_block(&mut client, block, 2);
+        flush(&mut client);
+    }
+    drop(client);
+    e1.kill9();
+    let mut b = b;
+    b.kill9();
+
+    let b = replica(dir.path(), "b");
+    let c = replica(dir.path(), "c");
+    // C first in the list: list order must not matter either.
+    let e2 = engine(dir.path(), "e2", 2, &[&c, &b], &[]);
+    let mut client = nbd(dir.path(), "e2");
+    for block in 0..10 {
+        assert_eq!(read_version(&mut client, block), Some(2), "block {block}: flushed version 2 lost");
+    }
+    assert_eq!(read_version(&mut client, 3999), Some(1));
+    let status = engine_status(&e2);
+    assert_eq!(replica_modes(&status)[&b.address], "RW", "{status}");
+}
+
+/// With --write-majority, an engine whose volume has three replicas and
+/// that reaches only one refuses writes (EIO) instead of acknowledging
+/// them; without it, one replica is enough.
+#[test]
+fn with_write_majority_an_engine_cut_off_from_two_of_three_replicas_refuses_writes() {
+    require_root();
+    let dir = TempDir::new("safety-quorum");
+    let r: Vec<Process> = (0..3).map(|i| replica(dir.path(), &format!("r{i}"))).collect();
+    let mut replicas = r.into_iter();
+    let (keep, mut gone1, mut gone2) = (replicas.next().unwrap(), replicas.next().unwrap(), replicas.next().unwrap());
+    let majority = engine(dir.path(), "major", 1, &[&keep, &gone1, &gone2], &["--write-majority"]);
+    let mut client = nbd(dir.path(), "major");
+    write_block(&mut client, 5, 1);
+    flush(&mut client);
+    gone1.kill9();
+    write_block(&mut client, 6, 1);
+    flush(&mut client);
+    gone2.kill9();
+    let (error, _) = client.request(NBD_WRITE, 7 * BLOCK, BLOCK as u32, &pattern(7, 1)).unwrap();
+    assert_eq!(error, 5, "a write one of three replicas took must fail with EIO");
+    let (error, _) = client.request(NBD_FLUSH, 0, 0, &[]).unwrap();
+    assert_eq!(error, 5, "so must a flush");
+    assert_eq!(read_version(&mut client, 6), Some(1), "reads still served");
+    drop(client);
+    drop(majority);
+
+    // The same cut without the option: one replica acknowledges alone.
+    let solo = engine(dir.path(), "solo", 2, &[&keep], &[]);
+    let mut client = nbd(dir.path(), "solo");
+    write_block(&mut client, 8, 1);
+    flush(&mut client);
+    assert_eq!(read_version(&mut client, 8), Some(1));
+    drop(solo);
+}
+
+/// One stream Read of 1 TiB on a store of 2 TiB (a sparse file made before
+/// the replica formats it) is refused with INVALID_ARGUMENT; the replica
+/// answers Info and small reads afterwards. (It allocated 1 TiB and
+/// aborted before.)
+#[test]
+fn a_huge_stream_read_is_refused_and_the_replica_keeps_answering() {
+    require_root();
+    let dir = TempDir::new("safety-huge");
+    let path = dir.path().join("big.img");
+    let file = std::fs::File::create(&path).unwrap();
+    file.set_len(5u64 << 39).unwrap(); // 2.5 TiB, sparse
+    drop(file);
+    let store = format!("file:{}", path.display());
+    let r = start_replica("big", &store, "2TiB", dir.path(), &[]).expect("start replica on a sparse file");
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    rt.block_on(async {
+        let mut client = connect(&r.address).await;
+        let stream = DataStream::open(&mut client).await;
+        let err = stream.read(0, 1 << 40, 1).await.expect_err("a 1 TiB read must be refused");
+        assert!(err.contains("larger than"), "{err}");
+        let info = client.info(ironhorn_proto::replica::InfoRequest {}).await.expect("Info still answers");
+        assert_eq!(info.into_inner().size_bytes, 2 << 40);
+        let data = stream.read(1 << 40, 4096, 1).await.expect("a small read still works");
+        assert!(data.iter().all(|&b| b == 0));
+    });
+}
