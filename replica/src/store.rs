@@ -936,7 +936,7 @@ impl Store {
             let buf = AlignedBuf::from_slice(&data[at..at + len]);
             crcs.extend(buf.chunks(BLOCK).map(format::crc32));
             if let Err(e) = device.write(pba * BLOCK_SIZE, buf).await {
-                result = Err(StoreError::Io { op: "write data", source: e });
+                result = Err(io_err("write data")(e));
             }
             at += len;
         }
