@@ -118,8 +118,12 @@ pub fn decide(volume: &VolumeView, policy: &Policy) -> Plan {
         Action::Salvage { replicas } => replicas.clone(),
         _ => vec![],
     };
+    // A volume with no healthy replica keeps every failed one, whatever its
+    // node's or disk's scheduling flags: they are what salvage needs.
+    let any_healthy = volume.replicas.iter().any(|r| r.failed_at.is_none() && r.mode.as_deref() == Some("RW"));
     let delete_stale = failed
         .iter()
+        .filter(|_| any_healthy)
         .filter(|r| !keep.contains(&r.name))
         .filter(|r| r.failed_at.is_some_and(|t| elapsed(t, policy.now) >= policy.stale_timeout))
         .map(|r| r.name.clone())
@@ -353,6 +357,20 @@ mod tests {
         let plan = decide(&v, &policy(0));
         assert_eq!(plan.action, Action::Reuse { replica: "c".into(), retry: 1 });
         assert!(plan.delete_stale.is_empty());
+    }
+
+    #[test]
+    fn stale_cleanup_never_deletes_a_replica_of_a_volume_with_no_healthy_one() {
+        let mut p = policy(0);
+        p.stale_timeout = Duration::from_secs(30);
+        // Every replica failed long ago, and their nodes are unschedulable,
+        // so salvage does not list them: still none may be deleted.
+        let replicas: Vec<ReplicaView> = ["a", "b", "c"]
+            .iter()
+            .map(|n| ReplicaView { usable: false, ..failed(n, &format!("node-{n}"), -1000) })
+            .collect();
+        let plan = decide(&volume(replicas), &p);
+        assert!(plan.delete_stale.is_empty(), "{plan:?}");
     }
 
     #[test]
