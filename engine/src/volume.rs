@@ -1278,7 +1278,8 @@ async fn view_checksums(r: &Replica, layer: &str, size: u64, timeout: Duration) 
         let (length, chunk_size) =
             if offset < whole { ((whole - offset).min(batch), CHUNK) } else { (size - offset, BLOCK) };
         let request = ChecksumsRequest { layer: layer.to_string(), merged: true, offset, length, chunk_size };
-        let answer = unary(timeout, r.conn.client().checksums(request)).await.map_err(|e| replica_error(&r.address, e))?;
+        let answer =
+            unary(timeout, r.conn.client().checksums(request)).await.map_err(|e| replica_error(&r.address, e))?;
         out.extend(answer.crc32);
         offset += length;
     }

@@ -114,12 +114,8 @@ impl Faults {
                 a.fired += 1;
                 match a.fault.action {
                     FaultAction::Delay(d) => delay += d,
-                    FaultAction::Eio if verdict == Verdict::Run => {
-                        verdict = Verdict::Fail(libc::EIO)
-                    }
-                    FaultAction::NoSpace if verdict == Verdict::Run => {
-                        verdict = Verdict::Fail(libc::ENOSPC)
-                    }
+                    FaultAction::Eio if verdict == Verdict::Run => verdict = Verdict::Fail(libc::EIO),
+                    FaultAction::NoSpace if verdict == Verdict::Run => verdict = Verdict::Fail(libc::ENOSPC),
                     FaultAction::Torn if verdict == Verdict::Run => {
                         verdict = if op == FaultOp::Write { Verdict::Torn } else { Verdict::Fail(libc::EIO) }
                     }

@@ -149,8 +149,8 @@ async fn complete(store: &Store, ordered: Ordered) -> IoResponse {
             let outcome = if req.op == IoOp::Read as i32 {
                 store.read(req.epoch, req.offset, req.length).await.map(Bytes::from_owner)
             } else {
-                let stamp = (req.flush_sequence != 0)
-                    .then_some(FlushStamp { epoch: req.epoch, sequence: req.flush_sequence });
+                let stamp =
+                    (req.flush_sequence != 0).then_some(FlushStamp { epoch: req.epoch, sequence: req.flush_sequence });
                 store.flush_stamped(req.epoch, stamp).await.map(|()| Bytes::new())
             };
             respond(req.id, outcome)
@@ -251,8 +251,9 @@ impl Replica for ReplicaService {
 
     async fn extents(&self, request: Request<ExtentsRequest>) -> Result<Response<ExtentsResponse>, Status> {
         let r = request.into_inner();
-        let extents = if r.merged { self.store.allocation(r.offset, r.length).await } else { self.store.extents(&r.layer) }
-            .map_err(status)?;
+        let extents =
+            if r.merged { self.store.allocation(r.offset, r.length).await } else { self.store.extents(&r.layer) }
+                .map_err(status)?;
         Ok(Response::new(ExtentsResponse {
             extents: extents.into_iter().map(|e| Extent { offset: e.offset, length: e.length, zero: e.zero }).collect(),
         }))

@@ -1487,14 +1487,7 @@ impl Store {
     /// the per-block checksums (no data is read). `layer` empty with `merged`
     /// covers the volume as read; otherwise one layer's own mapping.
     /// A large range is scanned a slice at a time (other I/O runs between).
-    pub async fn checksums(
-        &self,
-        layer: &str,
-        merged: bool,
-        offset: u64,
-        length: u64,
-        chunk: u64,
-    ) -> Result<Vec<u32>> {
+    pub async fn checksums(&self, layer: &str, merged: bool, offset: u64, length: u64, chunk: u64) -> Result<Vec<u32>> {
         if chunk == 0 || chunk % BLOCK_SIZE != 0 || length % chunk != 0 {
             return Err(StoreError::InvalidArgument(format!(
                 "chunk size {chunk} must be a positive multiple of {BLOCK_SIZE} dividing the length {length}"

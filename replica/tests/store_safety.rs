@@ -120,7 +120,10 @@ fn a_flush_stamp_is_durable_exactly_when_its_flush_is() {
         store.faults().arm(Fault::new(&[FaultOp::Sync], FaultAction::Eio).times(1));
         let failed = store.flush_stamped(4, Some(FlushStamp { epoch: 4, sequence: 2 })).await;
         assert!(failed.is_err(), "the flush whose sync failed must fail");
-        assert!(matches!(store.read(4, 0, BLOCK_U64).await, Err(StoreError::Failed(_))), "a store whose sync failed stops");
+        assert!(
+            matches!(store.read(4, 0, BLOCK_U64).await, Err(StoreError::Failed(_))),
+            "a store whose sync failed stops"
+        );
         drop(store);
         let store = Store::open(&config).await.unwrap();
         assert_eq!(store.info().stamp, FlushStamp { epoch: 4, sequence: 1 }, "the failed flush's stamp is not on disk");
