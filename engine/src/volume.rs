@@ -549,44 +549,43 @@ impl Volume {
         let mut rw_ok = 0;
         let mut last_error = String::from("no RW replica");
         // When every RW replica refused for lack of space, the request is
-        // refused and nobody is failed: nothing changed anywhere and every
-        // replica still serves reads. A replica out of space while others
-        // took the request fails on its own.
-        let all_rw_full = targets
-            .iter()
-            .zip(&results)
-            .filter(|((_, mode), _)| *mode == Mode::RW)
-            .all(|(_, r)| matches!(r, Err(ReplicaError::NoSpace(_))));
-        if all_rw_full && targets.iter().any(|(_, mode)| *mode == Mode::RW) {
-            if let Some(id) = flush_id {
-                let mut u = self.unflushed.lock().expect("unflushed");
-                let covered = u.flushing.remove(&id).unwrap_or_default();
-                u.current.extend(covered);
-            }
-            let why = results.iter().find_map(|r| match r {
-                Err(ReplicaError::NoSpace(m)) => Some(m.clone()),
-                _ => None,
-            });
-            return Err(VolumeError::NoSpace(format!("{op:?} at {offset}: {}", why.unwrap_or_default())));
-        }
+        // refused and no RW replica is failed: nothing changed on them and
+        // they all still serve reads. A replica out of space while others
+        // took the request fails on its own, and so does a WO replica that
+        // took a request the RW ones refused (it would diverge from them).
+        let refused_for_space = targets.iter().any(|(_, mode)| *mode == Mode::RW)
+            && targets
+                .iter()
+                .zip(&results)
+                .filter(|((_, mode), _)| *mode == Mode::RW)
+                .all(|(_, r)| matches!(r, Err(ReplicaError::NoSpace(_))));
         for ((replica, mode), result) in targets.iter().zip(results) {
-            match result {
+            let failure = match result {
+                Ok(_) if refused_for_space => Some("took a request the RW replicas refused for lack of space".into()),
                 Ok(_) => {
                     if *mode == Mode::RW {
                         rw_ok += 1;
                     }
+                    None
                 }
                 Err(ReplicaError::Fenced(m)) => {
                     self.fenced.store(true, Ordering::SeqCst);
                     tracing::error!(replica = %replica.address, "fenced: {m}; this engine stops serving");
                     return Err(VolumeError::Fenced(m));
                 }
+                Err(ReplicaError::NoSpace(m)) if refused_for_space => {
+                    last_error = format!("replica {}: {m}", replica.address);
+                    None
+                }
                 Err(e) => {
                     last_error = format!("replica {}: {e}", replica.address);
-                    self.fail_replica(replica, &e.to_string());
-                    if op != IoOp::Flush {
-                        self.mark_dirty(offset, length, Some(replica.store_id));
-                    }
+                    Some(e.to_string())
+                }
+            };
+            if let Some(why) = failure {
+                self.fail_replica(replica, &why);
+                if op != IoOp::Flush {
+                    self.mark_dirty(offset, length, Some(replica.store_id));
                 }
             }
         }
@@ -597,6 +596,9 @@ impl Volume {
             if rw_ok == 0 {
                 u.current.extend(covered);
             }
+        }
+        if refused_for_space {
+            return Err(VolumeError::NoSpace(format!("{op:?} at {offset}: {last_error}")));
         }
         if rw_ok == 0 {
             return Err(VolumeError::Io(format!("{op:?} at {offset}: no healthy replica took it ({last_error})")));
@@ -1287,22 +1289,16 @@ async fn view_checksums(r: &Replica, layer: &str, size: u64, timeout: Duration) 
 }
 
 /// A digest of a replica's whole content: its snapshot chain and every
-/// layer's checksums (no data is read).
+/// layer's checksums (no data is read). Compared only within this process.
 async fn content_digest(r: &Replica, size: u64, timeout: Duration) -> Result<u64> {
+    use std::hash::{Hash, Hasher};
     let names = snapshot_names(r, timeout).await?;
-    let mut high = crc32fast::Hasher::new();
-    let mut low = crc32fast::Hasher::new_with_initial(0x5bd1_e995);
+    let mut digest = std::hash::DefaultHasher::new();
     for layer in names.iter().map(String::as_str).chain([""]) {
-        for h in [&mut high, &mut low] {
-            h.update(layer.as_bytes());
-            h.update(&[0]);
-        }
-        for crc in view_checksums(r, layer, size, timeout).await? {
-            high.update(&crc.to_le_bytes());
-            low.update(&crc.to_be_bytes());
-        }
+        layer.hash(&mut digest);
+        view_checksums(r, layer, size, timeout).await?.hash(&mut digest);
     }
-    Ok((high.finalize() as u64) << 32 | low.finalize() as u64)
+    Ok(digest.finish())
 }
 
 /// Whether two replicas hold the same snapshot chain and the same data in

@@ -754,3 +754,30 @@ impl Drop for StandaloneCluster {
         }
     }
 }
+
+/// Write requests the engine at control address `engine` has completed.
+pub fn engine_writes(engine: &str) -> u64 {
+    let out = engine_cli(&["metrics", "--engine", engine]).expect("engine metrics");
+    let m: serde_json::Value = serde_json::from_str(&out).expect("metrics JSON");
+    m["ops"].as_array().expect("ops").iter().find(|o| o["op"] == "write").expect("write counters")["requests"]
+        .as_u64()
+        .expect("write requests")
+}
+
+/// Waits until the engine at `engine` has completed `more` write requests
+/// beyond those it had at the call, with `io` (the client issuing them)
+/// still running: the point at which a fault hits I/O observably in
+/// flight. Fails if the client ended first or nothing moved in `timeout`.
+pub fn wait_for_writes_in_flight(engine: &str, io: &mut std::process::Child, more: u64, timeout: Duration) -> u64 {
+    let target = engine_writes(engine) + more;
+    let deadline = Instant::now() + timeout;
+    loop {
+        assert!(io.try_wait().expect("poll the I/O client").is_none(), "the I/O ended before the fault could hit it");
+        let done = engine_writes(engine);
+        if done >= target {
+            return done;
+        }
+        assert!(Instant::now() < deadline, "only {done} of {target} writes completed within {timeout:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

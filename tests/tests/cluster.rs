@@ -228,8 +228,10 @@ fn kill9_of_the_manager_under_fio_leaves_io_running_and_the_restarted_manager_in
 
     let mut fio = fio_verify(&endpoint, "192M");
     fio.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
-    let fio = fio.spawn().expect("fio");
-    std::thread::sleep(Duration::from_millis(700));
+    let mut fio = fio.spawn().expect("fio");
+    let engine =
+        cluster.json(&["engine", "list"])[0]["status"]["address"].as_str().expect("engine address").to_string();
+    wait_for_writes_in_flight(&engine, &mut fio, 1000, Duration::from_secs(60));
     cluster.kill9_up();
     assert!(cluster.cli(&["volume", "list"]).is_err(), "the API is down with the manager");
     std::thread::sleep(Duration::from_secs(2));

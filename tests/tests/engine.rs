@@ -139,7 +139,7 @@ fn replica_failure_rebuild_and_delta_rebuild() {
     finish(fio(&c.uri(), &["--rw=write", "--bs=1M", "--size=128M", "--end_fsync=1"]), "fio fill");
 
     // 1. SIGKILL a replica during a verify run: fio still passes.
-    let run = fio(
+    let mut run = fio(
         &c.uri(),
         &[
             "--rw=randwrite",
@@ -151,7 +151,8 @@ fn replica_failure_rebuild_and_delta_rebuild() {
             "--verify_state_save=0",
         ],
     );
-    std::thread::sleep(Duration::from_millis(700));
+    // Kill once fio's writes are observably flowing (64 MiB is 16384 writes).
+    wait_for_writes_in_flight(&c.engine().address, &mut run, 1000, Duration::from_secs(60));
     let killed = c.replicas[1].address.clone();
     c.replicas[1].kill9();
     finish(run, "fio verify with a replica killed");
@@ -379,6 +380,7 @@ fn an_interrupted_rebuild_resumes_instead_of_starting_over() {
         let r = &status["rebuilds"][0];
         let copied = r["copied_bytes"].as_u64().unwrap_or(0);
         if copied >= 48 << 20 {
+            assert_eq!(r["state"], "running", "the rebuild must still be copying when its target dies: {r}");
             break copied;
         }
         assert_ne!(r["state"], "done", "rebuild finished before it could be interrupted: {r}");
