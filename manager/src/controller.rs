@@ -21,6 +21,7 @@ use kube::ResourceExt;
 use crate::cluster::Cluster;
 use crate::crd::*;
 use crate::datastore::{self, Datastore, update, update_status};
+use crate::epoch;
 use crate::events::{self, Kind::*};
 use crate::replenish::{self, Action};
 use crate::scheduler::{self, DiskCandidate, Limits, Placed};
@@ -315,6 +316,20 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
         let name = volume.name_any();
         if volume.metadata.deletion_timestamp.is_some() {
             return self.delete_volume(snapshot, volume).await;
+        }
+        // However the Volume was created (REST, kubectl, the CSI driver), its
+        // deletion must wait for its engine, replicas and LVs to be removed.
+        if !volume.finalizers().iter().any(|f| f == FINALIZER) {
+            update::<Volume, D>(&self.store, &name, |v| {
+                let finalizers = v.metadata.finalizers.get_or_insert_default();
+                let missing = v.metadata.deletion_timestamp.is_none() && !finalizers.iter().any(|f| f == FINALIZER);
+                if missing {
+                    finalizers.push(FINALIZER.to_string());
+                }
+                missing
+            })
+            .await
+            .map_err(ds)?;
         }
         let replicas = snapshot.replicas_of(&name);
         if replicas.is_empty() {
@@ -630,7 +645,6 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
                 // A dead or stale engine instance: clear it before the new one.
                 self.cluster.delete_instance(&im, &i.name, false).await?;
             }
-            let epoch = current_epoch + 1;
             let address_map: BTreeMap<String, String> =
                 running.iter().map(|(n, a)| (n.to_string(), a.clone())).collect();
             let spec = EngineSpec {
@@ -639,23 +653,21 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
                 volume_size: volume.spec.size,
                 frontend: volume.spec.frontend,
                 replica_address_map: address_map.clone(),
-                epoch,
+                epoch: 0, // minted below
                 desire_state: "running".into(),
             };
-            // The epoch is stored before any process can use it.
-            match engine {
-                None => {
-                    self.store.create(&Engine::new(&engine_name, spec.clone())).await.map_err(ds)?;
+            // The epoch is stored before any process can use it, by
+            // compare-and-swap against the epoch this pass saw.
+            let epoch = match epoch::mint(&self.store, &engine_name, engine.map(|e| e.spec.epoch), spec)
+                .await
+                .map_err(ds)?
+            {
+                epoch::Mint::Minted(epoch) => epoch,
+                epoch::Mint::Lost => {
+                    tracing::info!(volume = %name, "engine object changed meanwhile; the next pass decides again");
+                    return Ok(());
                 }
-                Some(_) => {
-                    update::<Engine, D>(&self.store, &engine_name, |e| {
-                        e.spec = spec.clone();
-                        true
-                    })
-                    .await
-                    .map_err(ds)?;
-                }
-            }
+            };
             let timeout = snapshot.settings.u64("engine-replica-timeout");
             let request = pb::CreateRequest {
                 name: engine_name.clone(),

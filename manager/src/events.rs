@@ -1,7 +1,8 @@
 //! Events: what the controllers decided and why, as Kubernetes core/v1
 //! Events about a Volume (through the datastore facade, so `kubectl get
 //! events` shows them in a cluster and `ironhorn event list` everywhere).
-//! Bounded: the oldest are deleted past [`KEEP`].
+//! Bounded: the oldest are deleted past [`KEEP`]. They live in the
+//! manager's own namespace (the datastore's).
 
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -27,14 +28,14 @@ pub async fn record<D: Datastore>(store: &D, volume: &str, kind: Kind, reason: &
     let event = Event {
         metadata: ObjectMeta {
             name: Some(format!("{volume}.{:x}", now.as_nanosecond())),
-            namespace: Some("ironhorn-system".into()),
+            namespace: Some(store.namespace().to_string()),
             ..Default::default()
         },
         involved_object: ObjectReference {
             api_version: Some("ironhorn.io/v1alpha1".into()),
             kind: Some("Volume".into()),
             name: Some(volume.to_string()),
-            namespace: Some("ironhorn-system".into()),
+            namespace: Some(store.namespace().to_string()),
             ..Default::default()
         },
         reason: Some(reason.to_string()),

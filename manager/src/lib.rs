@@ -8,6 +8,7 @@ pub mod cluster;
 pub mod controller;
 pub mod crd;
 pub mod datastore;
+pub mod epoch;
 pub mod events;
 pub mod metrics;
 pub mod replenish;

@@ -227,6 +227,8 @@ async fn create_status_conflict_retry_watch_reconcile_and_delete_make_exactly_th
         )
         .await;
     }
+    // Created without the finalizer (as kubectl would): the pass adds it, so
+    // deleting the volume will wait for its engine, replicas and LVs.
     expect(
         &mut handle,
         Method::GET,
@@ -237,20 +239,36 @@ async fn create_status_conflict_retry_watch_reconcile_and_delete_make_exactly_th
         body(&volume_json("6", 2, Some(json!({ "state": "detached" })))),
     )
     .await;
+    let mut with_finalizer = volume_json("7", 2, Some(json!({ "state": "detached" })));
+    with_finalizer["metadata"]["finalizers"] = json!(["ironhorn.io"]);
+    expect(
+        &mut handle,
+        Method::PUT,
+        &v1,
+        &[],
+        |b| {
+            assert_eq!(b["metadata"]["resourceVersion"], "6");
+            assert_eq!(b["metadata"]["finalizers"], json!(["ironhorn.io"]));
+        },
+        StatusCode::OK,
+        body(&with_finalizer),
+    )
+    .await;
+    expect(&mut handle, Method::GET, &v1, &[], no_body, StatusCode::OK, body(&with_finalizer)).await;
     expect(
         &mut handle,
         Method::PUT,
         &v1_status,
         &[],
         |b| {
-            assert_eq!(b["metadata"]["resourceVersion"], "6");
+            assert_eq!(b["metadata"]["resourceVersion"], "7");
             let scheduled =
                 b["status"]["conditions"].as_array().unwrap().iter().find(|c| c["type"] == "Scheduled").unwrap();
             assert_eq!(scheduled["status"], "False");
             assert_eq!(scheduled["reason"], "NoReadyNode", "no node exists, and the condition says so");
         },
         StatusCode::OK,
-        body(&volume_json("7", 2, Some(json!({ "state": "creating" })))),
+        body(&volume_json("8", 2, Some(json!({ "state": "creating" })))),
     )
     .await;
     let changes = tokio::time::timeout(Duration::from_secs(1), client).await.expect("reconcile finished").unwrap();
@@ -258,7 +276,7 @@ async fn create_status_conflict_retry_watch_reconcile_and_delete_make_exactly_th
     // 4. Delete.
     let s = store.clone();
     let client = tokio::spawn(async move { s.delete::<Volume>("v1").await.expect("delete") });
-    expect(&mut handle, Method::DELETE, &v1, &[], |_| {}, StatusCode::OK, body(&volume_json("8", 2, None))).await;
+    expect(&mut handle, Method::DELETE, &v1, &[], |_| {}, StatusCode::OK, body(&volume_json("9", 2, None))).await;
     client.await.unwrap();
 
     // And nothing else.
@@ -266,4 +284,45 @@ async fn create_status_conflict_retry_watch_reconcile_and_delete_make_exactly_th
     assert!(extra.is_err(), "unexpected extra request: {:?}", extra.ok().flatten().map(|(r, _)| r.uri().clone()));
     drop(changes);
     drop(events_tx);
+}
+
+#[tokio::test]
+async fn events_are_recorded_in_the_managers_namespace() {
+    let (service, mut handle) = tower_test::mock::pair::<Request<kube::client::Body>, Response<MockBody>>();
+    let store = KubeStore::new(kube::Client::new(service, "storage-ops"), "storage-ops");
+    let s = store.clone();
+    let client = tokio::spawn(async move {
+        ironhorn_manager::events::record(&s, "v1", ironhorn_manager::events::Kind::Warning, "ReplicaFailed", "gone")
+            .await
+    });
+    let events = "/api/v1/namespaces/storage-ops/events";
+    expect(
+        &mut handle,
+        Method::POST,
+        events,
+        &[],
+        |b| {
+            assert_eq!(b["metadata"]["namespace"], "storage-ops");
+            assert_eq!(b["involvedObject"]["namespace"], "storage-ops");
+            assert_eq!(b["involvedObject"]["name"], "v1");
+            assert_eq!(b["reason"], "ReplicaFailed");
+        },
+        StatusCode::CREATED,
+        body(&json!({ "apiVersion": "v1", "kind": "Event", "metadata": { "name": "v1.1", "namespace": "storage-ops" },
+                      "involvedObject": {}, "reason": "ReplicaFailed" })),
+    )
+    .await;
+    expect(
+        &mut handle,
+        Method::GET,
+        events,
+        &[],
+        no_body,
+        StatusCode::OK,
+        body(&json!({ "apiVersion": "v1", "kind": "EventList", "metadata": { "resourceVersion": "2" }, "items": [] })),
+    )
+    .await;
+    client.await.unwrap();
+    let extra = tokio::time::timeout(Duration::from_millis(300), handle.next_request()).await;
+    assert!(extra.is_err(), "unexpected extra request");
 }

@@ -158,7 +158,14 @@ fn from_value<K: Object>(value: &Value) -> Result<K> {
     serde_json::from_value(value.clone()).map_err(backend)
 }
 
+/// The namespace embedded objects report (one machine has one).
+pub const NAMESPACE: &str = "ironhorn-system";
+
 impl Datastore for EmbeddedStore {
+    fn namespace(&self) -> &str {
+        NAMESPACE
+    }
+
     async fn get<K: Object>(&self, name: &str) -> Result<Option<K>> {
         let (_, plural) = names::<K>();
         let inner = self.inner.lock().expect("datastore lock");
@@ -182,7 +189,7 @@ impl Datastore for EmbeddedStore {
         value["metadata"]["uid"] = json!(format!("{:016x}-{serial}", jiff::Timestamp::now().as_nanosecond() as u64));
         value["metadata"]["creationTimestamp"] = json!(now());
         if value["metadata"]["namespace"].is_null() {
-            value["metadata"]["namespace"] = json!("ironhorn-system");
+            value["metadata"]["namespace"] = json!(NAMESPACE);
         }
         inner.bump(&mut value);
         let stored = inner.store(&kind, &plural, &name, value)?;

@@ -53,6 +53,10 @@ fn exists(kind: String, name: String) -> Error {
 }
 
 impl Datastore for KubeStore {
+    fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
     async fn get<K: Object>(&self, name: &str) -> Result<Option<K>> {
         self.api::<K>().get_opt(name).await.map_err(|e| map_error::<K>(name, e, conflict))
     }

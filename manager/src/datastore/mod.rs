@@ -69,6 +69,8 @@ pub struct Change {
 }
 
 pub trait Datastore: Clone + Send + Sync + 'static {
+    /// The namespace the objects live in (the manager's own).
+    fn namespace(&self) -> &str;
     fn get<K: Object>(&self, name: &str) -> impl Future<Output = Result<Option<K>>> + Send;
     fn list<K: Object>(&self) -> impl Future<Output = Result<Vec<K>>> + Send;
     fn create<K: Object>(&self, object: &K) -> impl Future<Output = Result<K>> + Send;
