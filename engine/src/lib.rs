@@ -64,7 +64,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
         tracing::info!(replicas = ?to_rebuild, "rebuilding replicas that are behind");
         tokio::spawn(volume.clone().rebuild_all(to_rebuild));
     }
-    println!("listening on {local}");
+    ironhorn_proto::say!("listening on {local}");
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     let router = tonic::transport::Server::builder().add_service(control::EngineService::new(volume.clone()));
     ironhorn_proto::shutdown::serve_router(router, incoming, std::time::Duration::from_secs(2), "control server")

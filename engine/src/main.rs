@@ -145,9 +145,9 @@ fn print_status(s: StatusResponse) {
         .collect();
     let json = serde_json::json!({
         "volume": s.volume, "size_bytes": s.size_bytes, "epoch": s.epoch, "frontends": s.frontends,
-        "replicas": replicas, "rebuilds": rebuilds, "fenced": s.fenced,
+        "replicas": replicas, "rebuilds": rebuilds, "fenced": s.fenced, "out_of_space": s.out_of_space,
     });
-    println!("{}", serde_json::to_string_pretty(&json).expect("json"));
+    ironhorn_proto::say!("{}", serde_json::to_string_pretty(&json).expect("json"));
 }
 
 fn print_snapshots(l: SnapshotListResponse) {
@@ -156,7 +156,7 @@ fn print_snapshots(l: SnapshotListResponse) {
         .iter()
         .map(|s| serde_json::json!({"name": s.name, "created_unix_ms": s.created_unix_ms, "size_bytes": s.size_bytes}))
         .collect();
-    println!("{}", serde_json::to_string_pretty(&list).expect("json"));
+    ironhorn_proto::say!("{}", serde_json::to_string_pretty(&list).expect("json"));
 }
 
 async fn drive(command: Command) -> Result<(), String> {
@@ -206,7 +206,7 @@ async fn drive(command: Command) -> Result<(), String> {
                 })
                 .collect();
             let json = serde_json::json!({"volume": m.volume, "latency_bounds_us": m.latency_bounds_us, "ops": ops});
-            println!("{}", serde_json::to_string_pretty(&json).expect("json"));
+            ironhorn_proto::say!("{}", serde_json::to_string_pretty(&json).expect("json"));
             Ok(())
         }
         Command::Replica { action: ReplicaAction::Add { engine, replica, no_wait } } => {
@@ -244,14 +244,11 @@ async fn drive(command: Command) -> Result<(), String> {
 }
 
 fn main() {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
-        .with_writer(std::io::stderr)
-        .init();
+    ironhorn_proto::say::init_logging();
     let cli = Cli::parse();
     let runtime = ironhorn_proto::runtime::build().expect("tokio runtime");
     if let Err(e) = runtime.block_on(drive(cli.command)) {
-        eprintln!("ironhorn-engine: {e}");
+        ironhorn_proto::say_err!("ironhorn-engine: {e}");
         std::process::exit(1);
     }
 }

@@ -182,6 +182,9 @@ pub struct VolumeStatus {
     pub replicas: Vec<ReplicaStatus>,
     pub rebuilds: Vec<RebuildStatus>,
     pub fenced: bool,
+    /// The last write or flush was refused because every RW replica was
+    /// out of space (cleared by the next one that lands).
+    pub out_of_space: bool,
 }
 
 pub struct Volume {
@@ -207,6 +210,8 @@ pub struct Volume {
     rebuild_lock: tokio::sync::Mutex<()>,
     rebuild_seq: AtomicU64,
     fenced: AtomicBool,
+    /// See [`VolumeStatus::out_of_space`].
+    out_of_space: AtomicBool,
     frontends: Mutex<Vec<String>>,
     /// Replicas given to the engine that it could not reach: (address, why).
     unreachable: Mutex<Vec<(String, String)>>,
@@ -270,6 +275,7 @@ impl Volume {
             rebuild_lock: tokio::sync::Mutex::new(()),
             rebuild_seq: AtomicU64::new(0),
             fenced: AtomicBool::new(false),
+            out_of_space: AtomicBool::new(false),
             frontends: Mutex::new(Vec::new()),
             unreachable: Mutex::new(Vec::new()),
             rebuild_bytes_per_sec: AtomicU64::new(0),
@@ -597,6 +603,7 @@ impl Volume {
                 u.current.extend(covered);
             }
         }
+        self.out_of_space.store(refused_for_space, Ordering::SeqCst);
         if refused_for_space {
             return Err(VolumeError::NoSpace(format!("{op:?} at {offset}: {last_error}")));
         }
@@ -862,6 +869,7 @@ impl Volume {
             replicas,
             rebuilds: self.rebuilds.lock().expect("rebuilds").iter().cloned().collect(),
             fenced: self.fenced.load(Ordering::SeqCst),
+            out_of_space: self.out_of_space.load(Ordering::SeqCst),
         }
     }
 

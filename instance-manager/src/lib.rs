@@ -62,7 +62,7 @@ pub async fn serve(config: Config) -> Result<(), String> {
     let local = listener.local_addr().map_err(|e| e.to_string())?;
     let service = InstanceManagerService::open(config).await?;
     tracing::info!(address = %local, "instance manager serving");
-    println!("listening on {local}");
+    ironhorn_proto::say!("listening on {local}");
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     let router = tonic::transport::Server::builder()
         .add_service(ironhorn_proto::instance::instance_manager_server::InstanceManagerServer::new(service.clone()));

@@ -38,10 +38,7 @@ enum Command {
 }
 
 fn main() {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
-        .with_writer(std::io::stderr)
-        .init();
+    ironhorn_proto::say::init_logging();
     let Command::Serve { data_dir, listen, address, port_range, bin_dir, stop_grace_secs } = Cli::parse().command;
     let bin_dir = bin_dir.unwrap_or_else(|| {
         std::env::current_exe().ok().and_then(|p| p.parent().map(|d| d.to_path_buf())).unwrap_or_default()
@@ -56,7 +53,7 @@ fn main() {
     };
     let runtime = ironhorn_proto::runtime::build().expect("tokio runtime");
     if let Err(e) = runtime.block_on(ironhorn_instance_manager::serve(config)) {
-        eprintln!("ironhorn-instance-manager: {e}");
+        ironhorn_proto::say_err!("ironhorn-instance-manager: {e}");
         std::process::exit(1);
     }
 }

@@ -29,6 +29,8 @@ enum Spec {
         blockdev: bool,
         replica_timeout_secs: u32,
         rebuild_mib_per_sec: u64,
+        #[serde(default)]
+        write_majority: bool,
     },
 }
 
@@ -81,6 +83,7 @@ impl Record {
                 blockdev,
                 replica_timeout_secs,
                 rebuild_mib_per_sec,
+                write_majority,
             } => (
                 InstanceKind::Engine,
                 pb::instance::Spec::Engine(pb::EngineSpec {
@@ -91,6 +94,7 @@ impl Record {
                     blockdev: *blockdev,
                     replica_timeout_secs: *replica_timeout_secs,
                     rebuild_mib_per_sec: *rebuild_mib_per_sec,
+                    write_majority: *write_majority,
                 }),
             ),
         };
@@ -149,6 +153,7 @@ fn spec_from_request(request: &pb::CreateRequest) -> Result<Spec, Status> {
                 blockdev: e.blockdev,
                 replica_timeout_secs: if e.replica_timeout_secs == 0 { 8 } else { e.replica_timeout_secs },
                 rebuild_mib_per_sec: e.rebuild_mib_per_sec,
+                write_majority: e.write_majority,
             })
         }
         None => Err(Status::invalid_argument("create needs a replica or an engine spec")),
@@ -338,6 +343,7 @@ impl InstanceManagerService {
                 blockdev,
                 replica_timeout_secs,
                 rebuild_mib_per_sec,
+                write_majority,
             } => {
                 let address = format!("{ip}:{}", ports[0]);
                 let nbd = format!("{ip}:{}", ports[1]);
@@ -358,6 +364,9 @@ impl InstanceManagerService {
                     "--rebuild-mib-per-sec".into(),
                     rebuild_mib_per_sec.to_string(),
                 ];
+                if *write_majority {
+                    args.push("--write-majority".into());
+                }
                 for replica in replicas {
                     args.push("--replica".into());
                     args.push(replica.clone());

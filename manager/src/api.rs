@@ -94,6 +94,8 @@ struct CreateVolume {
     #[serde(default)]
     replica_soft_anti_affinity: SoftAntiAffinity,
     stale_replica_timeout: Option<u64>,
+    #[serde(default)]
+    write_quorum: WriteQuorum,
 }
 
 fn parse_size_value(size: &Value) -> Result<u64, ApiError> {
@@ -138,6 +140,7 @@ async fn create_volume<D: Datastore>(
             replica_soft_anti_affinity: body.replica_soft_anti_affinity,
             node_selector: body.node_selector,
             disk_selector: body.disk_selector,
+            write_quorum: body.write_quorum,
             ..Default::default()
         },
     );

@@ -658,16 +658,14 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
             };
             // The epoch is stored before any process can use it, by
             // compare-and-swap against the epoch this pass saw.
-            let epoch = match epoch::mint(&self.store, &engine_name, engine.map(|e| e.spec.epoch), spec)
-                .await
-                .map_err(ds)?
-            {
-                epoch::Mint::Minted(epoch) => epoch,
-                epoch::Mint::Lost => {
-                    tracing::info!(volume = %name, "engine object changed meanwhile; the next pass decides again");
-                    return Ok(());
-                }
-            };
+            let epoch =
+                match epoch::mint(&self.store, &engine_name, engine.map(|e| e.spec.epoch), spec).await.map_err(ds)? {
+                    epoch::Mint::Minted(epoch) => epoch,
+                    epoch::Mint::Lost => {
+                        tracing::info!(volume = %name, "engine object changed meanwhile; the next pass decides again");
+                        return Ok(());
+                    }
+                };
             let timeout = snapshot.settings.u64("engine-replica-timeout");
             let request = pb::CreateRequest {
                 name: engine_name.clone(),
@@ -679,6 +677,11 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
                     blockdev: volume.spec.frontend == Frontend::Blockdev,
                     replica_timeout_secs: timeout.clamp(1, 600) as u32,
                     rebuild_mib_per_sec: 0,
+                    write_majority: match volume.spec.write_quorum {
+                        WriteQuorum::One => false,
+                        WriteQuorum::Majority => true,
+                        WriteQuorum::Default => snapshot.settings.bool("default-write-majority"),
+                    },
                 })),
             };
             self.cluster.create_instance(&im, request).await?;
@@ -763,7 +766,32 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
             Frontend::Nbd => "nbd",
             Frontend::Blockdev => "blockdev",
         };
+        // Out of space: every RW replica refused the last write. The replicas
+        // are not failed (nothing changed on them; reads go on); the volume
+        // says so until a write lands again.
+        let out_of_space = status.as_ref().ok().map(|s| s.out_of_space);
+        let was_out_of_space = volume
+            .status
+            .as_ref()
+            .and_then(|s| condition(&s.conditions, "OutOfSpace"))
+            .is_some_and(|c| c.status == "True");
+        if out_of_space == Some(true) && !was_out_of_space {
+            let message = "every replica refused a write for lack of space; writes fail with ENOSPC, reads go on";
+            events::record(&self.store, &name, Warning, "OutOfSpace", message).await;
+        }
         self.set_volume_status(&name, |s| {
+            match out_of_space {
+                Some(true) => set_condition(
+                    &mut s.conditions,
+                    "OutOfSpace",
+                    true,
+                    "ReplicasOutOfSpace",
+                    "every replica refused the last write for lack of space",
+                    &now,
+                ),
+                Some(false) => set_condition(&mut s.conditions, "OutOfSpace", false, "", "", &now),
+                None => {}
+            }
             s.state = "attached".into();
             s.current_node_id = want_node.clone();
             s.endpoint = endpoint.clone();

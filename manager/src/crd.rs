@@ -82,6 +82,23 @@ pub enum SoftAntiAffinity {
     Disabled,
 }
 
+/// How many replicas must acknowledge a write before the engine does.
+/// `Default` defers to the `default-write-majority` setting.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum WriteQuorum {
+    #[default]
+    Default,
+    /// One healthy replica is enough (Longhorn's behaviour): the volume
+    /// keeps serving with a single replica left, and an engine partitioned
+    /// from all but one replica keeps acknowledging writes a new engine on
+    /// the other side will not see.
+    One,
+    /// A majority of the replicas the engine started with: an engine cut
+    /// off from most of its replicas returns errors instead.
+    Majority,
+}
+
 #[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[kube(group = "ironhorn.io", version = "v1alpha1", kind = "Volume", namespaced, status = "VolumeStatus")]
 #[kube(
@@ -118,6 +135,9 @@ pub struct VolumeSpec {
     /// Disk tags every replica's disk must carry.
     #[serde(default)]
     pub disk_selector: Vec<String>,
+    /// Applies from the next engine start.
+    #[serde(default)]
+    pub write_quorum: WriteQuorum,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]

@@ -28,7 +28,7 @@ pub async fn serve<D: Datastore, C: Cluster>(store: D, cluster: C, listen: Socke
     let local = listener.local_addr().map_err(|e| e.to_string())?;
     tracing::info!(address = %local, "manager API serving");
     // Tests and supervisors read this line to learn the bound address.
-    println!("listening on {local}");
+    ironhorn_proto::say!("listening on {local}");
     let controller = controller::Controller::new(store.clone(), cluster);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let wait_stop = |mut rx: tokio::sync::watch::Receiver<bool>| async move {

@@ -98,6 +98,10 @@ enum VolumeCommand {
         replicas: Option<u32>,
         #[arg(long, value_enum)]
         frontend: Option<FrontendArg>,
+        /// Replicas that must acknowledge a write: one, or a majority
+        /// (default: the default-write-majority setting).
+        #[arg(long, value_parser = ["one", "majority"])]
+        write_quorum: Option<String>,
     },
     List,
     Get {
@@ -162,7 +166,7 @@ fn print_table(headers: &[&str], rows: Vec<Vec<String>>) {
     }
     let line = |cells: Vec<String>| {
         let text: Vec<String> = cells.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
-        println!("{}", text.join("  ").trim_end());
+        ironhorn_proto::say!("{}", text.join("  ").trim_end());
     };
     line(headers.iter().map(|h| h.to_string()).collect());
     for row in rows {
@@ -247,7 +251,7 @@ async fn wait_for(
 async fn list_objects(api: &str, path: &str, json_out: bool, columns: &[(&str, &str)]) -> Result<(), String> {
     let v = call(api, "GET", path, None).await?;
     if json_out {
-        println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+        ironhorn_proto::say!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
         return Ok(());
     }
     let field = |o: &Value, path: &str| s(path.split('.').fold(o, |v, key| &v[key]));
@@ -265,7 +269,7 @@ async fn list_objects(api: &str, path: &str, json_out: bool, columns: &[(&str, &
 async fn drive(cli: Cli) -> Result<(), String> {
     let api = cli.api.as_str();
     let json_out = cli.output == Output::Json;
-    let print_json = |v: &Value| println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+    let print_json = |v: &Value| ironhorn_proto::say!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
     match cli.command {
         Command::Up { data_dir, nodes, port_base, disk_size, file_disks } => {
             let bin_dir =
@@ -291,7 +295,7 @@ async fn drive(cli: Cli) -> Result<(), String> {
             Ok(())
         }
         Command::Volume(command) => match command {
-            VolumeCommand::Create { name, size, replicas, frontend } => {
+            VolumeCommand::Create { name, size, replicas, frontend, write_quorum } => {
                 let mut body = json!({ "name": name, "size": size });
                 if let Some(r) = replicas {
                     body["numberOfReplicas"] = json!(r);
@@ -299,11 +303,14 @@ async fn drive(cli: Cli) -> Result<(), String> {
                 if let Some(f) = frontend {
                     body["frontend"] = json!(f.as_str());
                 }
+                if let Some(q) = write_quorum {
+                    body["writeQuorum"] = json!(q);
+                }
                 let v = call(api, "POST", "/v1/volumes", Some(&body)).await?;
                 if json_out {
                     print_json(&v)
                 } else {
-                    println!("volume {name} created")
+                    ironhorn_proto::say!("volume {name} created")
                 }
                 Ok(())
             }
@@ -340,7 +347,10 @@ async fn drive(cli: Cli) -> Result<(), String> {
                     print_json(&v);
                 } else {
                     let blockdev = s(&v["status"]["blockdev"]);
-                    println!("{}", if blockdev.is_empty() { s(&v["status"]["endpoint"]) } else { blockdev });
+                    ironhorn_proto::say!(
+                        "{}",
+                        if blockdev.is_empty() { s(&v["status"]["endpoint"]) } else { blockdev }
+                    );
                 }
                 Ok(())
             }
@@ -350,13 +360,13 @@ async fn drive(cli: Cli) -> Result<(), String> {
                     v.is_some_and(|v| v["status"]["state"] == "detached")
                 })
                 .await?;
-                println!("volume {name} detached");
+                ironhorn_proto::say!("volume {name} detached");
                 Ok(())
             }
             VolumeCommand::Delete { name, timeout_secs } => {
                 call(api, "DELETE", &format!("/v1/volumes/{name}"), None).await?;
                 wait_for(api, &name, Duration::from_secs(timeout_secs), |v| v.is_none()).await?;
-                println!("volume {name} deleted");
+                ironhorn_proto::say!("volume {name} deleted");
                 Ok(())
             }
         },
@@ -455,14 +465,11 @@ async fn drive(cli: Cli) -> Result<(), String> {
 }
 
 fn main() {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
-        .with_writer(std::io::stderr)
-        .init();
+    ironhorn_proto::say::init_logging();
     let cli = Cli::parse();
     let runtime = ironhorn_proto::runtime::build().expect("tokio runtime");
     if let Err(e) = runtime.block_on(drive(cli)) {
-        eprintln!("ironhorn: {e}");
+        ironhorn_proto::say_err!("ironhorn: {e}");
         std::process::exit(1);
     }
 }

@@ -103,6 +103,13 @@ pub const DEFINITIONS: &[Definition] = &[
         kind: Kind::Int,
         description: "seconds a replica may take to answer the engine before it is marked ERR",
     },
+    Definition {
+        name: "default-write-majority",
+        default: "false",
+        kind: Kind::Bool,
+        description: "engines of volumes whose writeQuorum is default refuse writes that fewer than a majority \
+                      of their replicas acknowledged (false: one replica is enough)",
+    },
 ];
 
 pub fn definition(name: &str) -> Option<&'static Definition> {

@@ -142,7 +142,7 @@ async fn start_node(config: &UpConfig, index: usize, use_lvm: bool) -> Result<(N
     }
     let im_address = format!("127.0.0.1:{im_port}");
     if wait_listening(&im_address, Duration::from_millis(200)).await {
-        println!("node {name}: instance manager already running at {im_address} (adopted)");
+        ironhorn_proto::say!("node {name}: instance manager already running at {im_address} (adopted)");
     } else {
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -235,7 +235,7 @@ async fn stop_nodes(nodes: &[NodeProcess]) {
             let Ok(instances) = cluster.instances(&node.im_address).await else { continue };
             for i in instances.iter().filter(|i| i.kind == kind as i32) {
                 if let Err(e) = cluster.delete_instance(&node.im_address, &i.name, false).await {
-                    eprintln!("stop {} on {}: {e}", i.name, node.name);
+                    ironhorn_proto::say_err!("stop {} on {}: {e}", i.name, node.name);
                 }
             }
         }
@@ -257,7 +257,7 @@ async fn stop_nodes(nodes: &[NodeProcess]) {
         }
         if let Some(device) = &node.loop_device {
             if let Err(e) = run("losetup", &["-d", device]) {
-                eprintln!("detach {device}: {e}");
+                ironhorn_proto::say_err!("detach {device}: {e}");
             }
         }
     }
@@ -279,7 +279,7 @@ pub async fn up(config: UpConfig) -> Result<(), String> {
                 // --disk-size, as an LVM disk's VG is that size.
                 let cap = if use_lvm { 0 } else { config.disk_size };
                 register_node(&store, &node.name, &node.im_address, &disk_path, cap).await?;
-                println!("node {}: instance manager {} disk {disk_path}", node.name, node.im_address);
+                ironhorn_proto::say!("node {}: instance manager {} disk {disk_path}", node.name, node.im_address);
                 nodes.push(node);
             }
             Err(e) => {
@@ -290,14 +290,16 @@ pub async fn up(config: UpConfig) -> Result<(), String> {
     }
     let listen: SocketAddr = format!("127.0.0.1:{}", config.port_base).parse().expect("address");
     let api = format!("http://{listen}");
-    println!("ironhorn is up: {} nodes, API {api}, data {}", config.nodes, config.data_dir.display());
-    println!("  export IRONHORN_API={api}");
-    println!("  ironhorn volume create vol1 --size 1GiB --replicas 3");
-    println!("  ironhorn volume attach vol1 --node n-1        # prints nbd://… to use with nbdinfo, qemu-io or fio");
-    println!("  ironhorn volume list; ironhorn node list; ironhorn replica list");
-    println!("Ctrl-C stops everything; the data dir keeps the volumes for the next `ironhorn up`.");
+    ironhorn_proto::say!("ironhorn is up: {} nodes, API {api}, data {}", config.nodes, config.data_dir.display());
+    ironhorn_proto::say!("  export IRONHORN_API={api}");
+    ironhorn_proto::say!("  ironhorn volume create vol1 --size 1GiB --replicas 3");
+    ironhorn_proto::say!(
+        "  ironhorn volume attach vol1 --node n-1        # prints nbd://… to use with nbdinfo, qemu-io or fio"
+    );
+    ironhorn_proto::say!("  ironhorn volume list; ironhorn node list; ironhorn replica list");
+    ironhorn_proto::say!("Ctrl-C stops everything; the data dir keeps the volumes for the next `ironhorn up`.");
     let result = crate::serve(store, GrpcCluster::default(), listen).await;
-    println!("stopping: engines, replicas, instance managers");
+    ironhorn_proto::say!("stopping: engines, replicas, instance managers");
     stop_nodes(&nodes).await;
     result
 }

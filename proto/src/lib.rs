@@ -13,6 +13,48 @@ pub mod instance {
     tonic::include_proto!("ironhorn.instance.v1");
 }
 
+pub mod say {
+    //! Lines for the operator on stdout or stderr that never stop a process:
+    //! `println!` panics when the write fails (a full disk under the log
+    //! file, a closed pipe), and a storage process must not die because a
+    //! log line was lost. The line is dropped instead.
+
+    use std::io::Write;
+
+    pub fn out(args: std::fmt::Arguments) {
+        let mut stdout = std::io::stdout().lock();
+        let _ = stdout.write_fmt(args).and_then(|()| stdout.write_all(b"\n")).and_then(|()| stdout.flush());
+    }
+
+    pub fn err(args: std::fmt::Arguments) {
+        let _ = writeln!(std::io::stderr().lock(), "{args}");
+    }
+
+    /// The processes' log: `RUST_LOG` (default info) to stderr. A line
+    /// stderr cannot take is dropped silently: the subscriber's own report
+    /// of such a failure goes to stderr with `eprintln!`, which panics, and
+    /// a panic while reporting a panic aborts the process.
+    pub fn init_logging() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+            .with_writer(std::io::stderr)
+            .log_internal_errors(false)
+            .init();
+    }
+
+    /// `println!` that drops the line when stdout cannot take it.
+    #[macro_export]
+    macro_rules! say {
+        ($($arg:tt)*) => { $crate::say::out(format_args!($($arg)*)) };
+    }
+
+    /// `eprintln!` that drops the line when stderr cannot take it.
+    #[macro_export]
+    macro_rules! say_err {
+        ($($arg:tt)*) => { $crate::say::err(format_args!($($arg)*)) };
+    }
+}
+
 pub mod batch {
     //! The `Io` stream's batching: a [`Batches`] stream turns the items
     //! queued on a channel into one message each time it is polled, so

@@ -40,7 +40,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
         "replica serving"
     );
     // Tests and supervisors read this line to learn the bound address.
-    println!("listening on {local}");
+    ironhorn_proto::say!("listening on {local}");
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     let router = tonic::transport::Server::builder()
         .max_frame_size(ironhorn_proto::batch::H2_MAX_FRAME)

@@ -41,10 +41,7 @@ enum Command {
 }
 
 fn main() {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
-        .with_writer(std::io::stderr)
-        .init();
+    ironhorn_proto::say::init_logging();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Serve { store, size, listen, capacity, io } => {
@@ -57,7 +54,7 @@ fn main() {
         Command::Delete { store } => ironhorn_replica::delete(&store),
     };
     if let Err(e) = result {
-        eprintln!("ironhorn-replica: {e}");
+        ironhorn_proto::say_err!("ironhorn-replica: {e}");
         std::process::exit(1);
     }
 }

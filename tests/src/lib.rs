@@ -128,8 +128,36 @@ impl Process {
         }
     }
 
+    /// Starts `binary args...` with stdout and stderr both going to `output`
+    /// (a file, or a device such as /dev/full), without waiting for it to
+    /// listen: the caller knows `address` and polls it.
+    pub fn start_with_output(
+        name: &str,
+        binary: &Path,
+        args: &[String],
+        output: &Path,
+        address: &str,
+    ) -> Result<Process, String> {
+        let open = || std::fs::OpenOptions::new().write(true).open(output);
+        let (out, err) = (open(), open());
+        let (Ok(out), Ok(err)) = (out, err) else { return Err(format!("open {}", output.display())) };
+        let child = Command::new(binary)
+            .args(args)
+            .stdout(out)
+            .stderr(err)
+            .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
+            .spawn()
+            .map_err(|e| format!("spawn {}: {e}", binary.display()))?;
+        Ok(Process { name: name.into(), child: Some(child), address: address.into(), log: output.to_path_buf() })
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.as_ref().expect("running").id()
+    }
+
+    /// Whether the process is still running (not exited, not reaped).
+    pub fn alive(&mut self) -> bool {
+        self.child.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(None)))
     }
 
     /// SIGKILL, and reap.
@@ -157,7 +185,11 @@ impl Process {
         None
     }
 
+    /// The log, when it went to a regular file (not a device like /dev/full).
     pub fn log_text(&self) -> String {
+        if !std::fs::metadata(&self.log).is_ok_and(|m| m.is_file()) {
+            return format!("(output went to {}, not kept)", self.log.display());
+        }
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 }
@@ -549,6 +581,8 @@ pub struct StandaloneCluster {
     pub nodes: usize,
     disk_size: String,
     extra: Vec<String>,
+    /// Where `up` writes stdout and stderr; None: a pipe and a log file.
+    output: Option<PathBuf>,
     up: Option<Process>,
 }
 
@@ -559,6 +593,28 @@ impl StandaloneCluster {
 
     /// `start` with more arguments for `ironhorn up` (e.g. `--file-disks`).
     pub fn start_with(tag: &str, nodes: usize, port_base: u16, disk_size: &str, extra: &[&str]) -> StandaloneCluster {
+        Self::start_full(tag, nodes, port_base, disk_size, extra, None)
+    }
+
+    /// `start` with `up`'s stdout and stderr going to `output`.
+    pub fn start_with_output(
+        tag: &str,
+        nodes: usize,
+        port_base: u16,
+        disk_size: &str,
+        output: &Path,
+    ) -> StandaloneCluster {
+        Self::start_full(tag, nodes, port_base, disk_size, &[], Some(output.to_path_buf()))
+    }
+
+    fn start_full(
+        tag: &str,
+        nodes: usize,
+        port_base: u16,
+        disk_size: &str,
+        extra: &[&str],
+        output: Option<PathBuf>,
+    ) -> StandaloneCluster {
         require_root();
         require_tool("lvcreate", "lvm2");
         require_tool("losetup", "mount");
@@ -570,6 +626,7 @@ impl StandaloneCluster {
             nodes,
             disk_size: disk_size.to_string(),
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            output,
             up: None,
         };
         cluster.start_up();
@@ -581,6 +638,10 @@ impl StandaloneCluster {
     pub fn start_up(&mut self) {
         assert!(self.up.is_none(), "up already running");
         self.up = Some(self.spawn_up().expect("ironhorn up"));
+        if self.output.is_some() {
+            // No "listening on" line to wait for: poll the API.
+            self.wait(Duration::from_secs(30), "the API answers", || self.cli(&["node", "list"]).is_ok());
+        }
         // Nodes report ready within a reconcile pass or two.
         self.wait(Duration::from_secs(30), "every node ready with its disk measured", || {
             let nodes = self.json(&["node", "list"]);
@@ -611,7 +672,15 @@ impl StandaloneCluster {
         .map(|s| s.to_string())
         .chain(self.extra.iter().cloned())
         .collect();
-        Process::start("up", &binary("ironhorn"), &args, self.dir.path())
+        match &self.output {
+            Some(output) => Process::start_with_output("up", &binary("ironhorn"), &args, output, &self.api),
+            None => Process::start("up", &binary("ironhorn"), &args, self.dir.path()),
+        }
+    }
+
+    /// Whether `up` is still running.
+    pub fn up_alive(&mut self) -> bool {
+        self.up.as_mut().is_some_and(Process::alive)
     }
 
     pub fn up_pid(&self) -> u32 {

@@ -372,3 +372,17 @@ fn file_disks_count_their_stores_against_the_disk_size() {
         assert!(!std::path::Path::new(store.strip_prefix("file:").unwrap()).exists(), "{store} removed");
     }
 }
+
+/// `up` with stdout and stderr on /dev/full (every write fails with
+/// ENOSPC, as on a full log filesystem): it must keep serving. `println!`
+/// panicked on the first line and took the manager down.
+#[test]
+fn up_keeps_serving_when_its_output_cannot_be_written() {
+    let full = std::path::Path::new("/dev/full");
+    assert!(full.exists(), "/dev/full is needed for this test");
+    let mut cluster = StandaloneCluster::start_with_output("up-full", 1, 22500, "1GiB", full);
+    cluster.cli(&["volume", "create", "v1", "--size", "64MiB", "--replicas", "1"]).expect("create");
+    let endpoint = cluster.cli(&["volume", "attach", "v1", "--node", "n-1"]).expect("attach").trim().to_string();
+    run_ok(fio_verify(&endpoint, "16M"));
+    assert!(cluster.up_alive(), "up exited although only its log lines were lost");
+}
