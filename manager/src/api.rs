@@ -50,7 +50,7 @@ fn reply<T: serde::Serialize>(value: &T) -> Reply {
 
 pub fn router<D: Datastore>(store: D) -> Router {
     Router::new()
-        .route("/v1/volumes", get(list::<D, Volume>).post(create_volume::<D>))
+        .route("/v1/volumes", get(list_volumes::<D>).post(create_volume::<D>))
         .route("/v1/volumes/{name}", get(get_volume::<D>).delete(delete_volume::<D>))
         .route("/v1/volumes/{name}/attach", post(attach::<D>))
         .route("/v1/volumes/{name}/detach", post(detach::<D>))
@@ -150,9 +150,28 @@ async fn create_volume<D: Datastore>(
     reply(&created)
 }
 
+/// A volume as the API shows it. While the manager's datastore writes fail,
+/// its stored status is whatever last got through, so it is not shown as
+/// current: robustness unknown, and a condition saying why.
+fn shown<D: Datastore>(store: &D, mut volume: Volume) -> Volume {
+    if let Some(why) = store.write_failure() {
+        let status = volume.status.get_or_insert_default();
+        status.robustness = "unknown".into();
+        let now = crate::controller::now();
+        let message = format!("the manager cannot write status: {why}");
+        set_condition(&mut status.conditions, "StatusCurrent", false, "DatastoreWriteFailed", &message, &now);
+    }
+    volume
+}
+
+async fn list_volumes<D: Datastore>(State(store): State<D>) -> Reply {
+    let volumes: Vec<Volume> = store.list::<Volume>().await?.into_iter().map(|v| shown(&store, v)).collect();
+    reply(&volumes)
+}
+
 async fn get_volume<D: Datastore>(State(store): State<D>, Path(name): Path<String>) -> Reply {
     match store.get::<Volume>(&name).await? {
-        Some(v) => reply(&v),
+        Some(v) => reply(&shown(&store, v)),
         None => Err(not_found("volume", &name)),
     }
 }

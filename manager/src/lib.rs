@@ -29,6 +29,8 @@ pub async fn serve<D: Datastore, C: Cluster>(store: D, cluster: C, listen: Socke
     tracing::info!(address = %local, "manager API serving");
     // Tests and supervisors read this line to learn the bound address.
     ironhorn_proto::say!("listening on {local}");
+    // Controllers and the API share one record of whether writes land.
+    let store = datastore::health::Recorded::new(store);
     let controller = controller::Controller::new(store.clone(), cluster);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let wait_stop = |mut rx: tokio::sync::watch::Receiver<bool>| async move {

@@ -12,6 +12,7 @@
 //!   goes away when the last finalizer is removed.
 
 pub mod embedded;
+pub mod health;
 pub mod kubernetes;
 
 use std::fmt::Debug;
@@ -71,6 +72,11 @@ pub struct Change {
 pub trait Datastore: Clone + Send + Sync + 'static {
     /// The namespace the objects live in (the manager's own).
     fn namespace(&self) -> &str;
+    /// Why the last write failed, while the backend cannot take writes
+    /// (only [`health::Recorded`] keeps track; others say None).
+    fn write_failure(&self) -> Option<String> {
+        None
+    }
     fn get<K: Object>(&self, name: &str) -> impl Future<Output = Result<Option<K>>> + Send;
     fn list<K: Object>(&self) -> impl Future<Output = Result<Vec<K>>> + Send;
     fn create<K: Object>(&self, object: &K) -> impl Future<Output = Result<K>> + Send;
