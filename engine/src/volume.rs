@@ -182,8 +182,8 @@ pub struct VolumeStatus {
     pub replicas: Vec<ReplicaStatus>,
     pub rebuilds: Vec<RebuildStatus>,
     pub fenced: bool,
-    /// The last write or flush was refused because every RW replica was
-    /// out of space (cleared by the next one that lands).
+    /// The last write was refused because every RW replica was out of
+    /// space (cleared by the next write that lands).
     pub out_of_space: bool,
 }
 
@@ -603,8 +603,8 @@ impl Volume {
                 u.current.extend(covered);
             }
         }
-        self.out_of_space.store(refused_for_space, Ordering::SeqCst);
         if refused_for_space {
+            self.out_of_space.store(true, Ordering::SeqCst);
             return Err(VolumeError::NoSpace(format!("{op:?} at {offset}: {last_error}")));
         }
         if rw_ok == 0 {
@@ -615,6 +615,10 @@ impl Volume {
             return Err(VolumeError::NoQuorum(format!(
                 "{op:?} at {offset}: {rw_ok} replica(s) acknowledged it, {needed} required ({last_error})"
             )));
+        }
+        if op != IoOp::Flush {
+            // Space again (a flush needs none, so it says nothing about it).
+            self.out_of_space.store(false, Ordering::SeqCst);
         }
         Ok(())
     }

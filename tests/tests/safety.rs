@@ -191,3 +191,69 @@ fn a_huge_stream_read_is_refused_and_the_replica_keeps_answering() {
         assert!(data.iter().all(|&b| b == 0));
     });
 }
+
+const CHUNK_BLOCKS: u64 = 256;
+
+/// Writes blocks [chunk * 256, +256) at `version` in one 1 MiB request.
+fn write_chunk(c: &mut NbdClient, chunk: u64, version: u64) -> u32 {
+    let first = chunk * CHUNK_BLOCKS;
+    let data: Vec<u8> = (first..first + CHUNK_BLOCKS).flat_map(|b| pattern(b, version)).collect();
+    c.request(NBD_WRITE, first * BLOCK, data.len() as u32, &data).unwrap().0
+}
+
+/// Every replica runs out of space (a snapshot holds the first version of
+/// every block, and the overwrites exceed the stores' spare blocks): the NBD
+/// client gets ENOSPC, no replica is failed, every acknowledged write and
+/// the data under the refused ones read back, the engine says out of space.
+/// Deleting the snapshot frees blocks and writes land again. (Before, the
+/// client got EIO and all three replicas were failed at once.)
+#[test]
+fn a_volume_whose_every_replica_is_full_refuses_writes_with_enospc_and_keeps_serving_reads() {
+    require_root();
+    let dir = TempDir::new("safety-full");
+    let r: Vec<Process> = (0..3).map(|i| replica(dir.path(), &format!("f{i}"))).collect();
+    let e = engine(dir.path(), "full", 1, &[&r[0], &r[1], &r[2]], &[]);
+    let mut client = nbd(dir.path(), "full");
+    let chunks = (64 << 20) / (CHUNK_BLOCKS * BLOCK);
+    for chunk in 0..chunks {
+        assert_eq!(write_chunk(&mut client, chunk, 1), 0, "first write of chunk {chunk}");
+    }
+    flush(&mut client);
+    engine_cli(&["snapshot", "create", "--engine", &e.address, "s1"]).expect("snapshot");
+
+    let mut refused = None;
+    for chunk in 0..chunks {
+        match write_chunk(&mut client, chunk, 2) {
+            0 => {}
+            28 => {
+                refused = Some(chunk);
+                break;
+            }
+            other => panic!("overwrite of chunk {chunk}: error {other}, expected 0 or ENOSPC (28)"),
+        }
+    }
+    let refused = refused.expect("the stores never ran out of space: the test did not reach its point");
+    assert!(refused > 0, "some overwrites fit before the stores filled up");
+    assert_eq!(client.request(NBD_FLUSH, 0, 0, &[]).unwrap().0, 0, "a flush needs no space and succeeds");
+    let status = engine_status(&e);
+    let modes = replica_modes(&status);
+    assert!(modes.values().all(|m| m == "RW"), "no replica failed for lack of space: {modes:?}");
+    assert_eq!(status["out_of_space"], true, "the engine says it is out of space: {status}");
+
+    for chunk in 0..chunks {
+        for block in chunk * CHUNK_BLOCKS..(chunk + 1) * CHUNK_BLOCKS {
+            let version = read_version(&mut client, block);
+            match chunk.cmp(&refused) {
+                std::cmp::Ordering::Less => assert_eq!(version, Some(2), "acknowledged overwrite of block {block}"),
+                std::cmp::Ordering::Equal => assert_eq!(version, Some(1), "refused write left block {block} as it was"),
+                std::cmp::Ordering::Greater => assert_eq!(version, Some(1), "block {block} never overwritten"),
+            }
+        }
+    }
+
+    engine_cli(&["snapshot", "delete", "--engine", &e.address, "s1"]).expect("snapshot delete");
+    assert_eq!(write_chunk(&mut client, refused, 2), 0, "with the snapshot gone the write fits");
+    flush(&mut client);
+    assert_eq!(engine_status(&e)["out_of_space"], false, "and the engine no longer says out of space");
+    assert_eq!(read_version(&mut client, refused * CHUNK_BLOCKS), Some(2));
+}
