@@ -1,7 +1,19 @@
-//! Property test: random sequences of store operations against a simple
-//! in-memory model. After every operation the whole volume, and every
-//! snapshot's view of it, must read back exactly as the model says.
+//! Property test: random sequences of store operations against a model.
+//! After every operation the whole volume, and every snapshot's view of it,
+//! must read back as the model allows.
+//!
+//! The model keeps, per block, the values the block may hold: one after a
+//! plain write; any of the batch's values after concurrent writes and trims
+//! that overlap it; after a crash (the store dropped without `close`, as a
+//! killed process leaves it), the value at the last flush point or any
+//! value written since. Each check reads the store, asserts every block
+//! holds an allowed value, and pins the model to the value seen. Flush
+//! points: a flush, a close, and the structural operations (snapshots,
+//! revert, expand, layer insert), which checkpoint.
+//!
 //! Runs on both I/O backends, with a tiny journal so checkpoints happen often.
+
+use std::sync::Arc;
 
 use ironhorn_replica::device::StoreLocation;
 use ironhorn_replica::io::BackendKind;
@@ -11,118 +23,226 @@ use proptest::prelude::*;
 const BLOCK: usize = 4096;
 const MAX_SNAPSHOTS: usize = 4;
 
+/// A block's content: zeroes, or `pattern(block, seed)`.
+type Val = Option<u8>;
+
 #[derive(Clone, Debug)]
-enum Op {
+enum Io {
     Write { block: u64, count: u64, seed: u8 },
     Trim { block: u64, count: u64 },
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Io(Io),
+    /// Issued together, completing in any order.
+    Concurrent(Vec<Io>),
     Flush,
     SnapshotCreate,
     SnapshotDelete(usize),
     SnapshotRevert(usize),
     Expand(u64),
     Reopen,
+    /// Dropped without close, then opened again.
+    Crash,
     LayerInsert(usize),
+}
+
+fn io() -> impl Strategy<Value = Io> {
+    prop_oneof![
+        4 => (0u64..96, 1u64..9, any::<u8>()).prop_map(|(block, count, seed)| Io::Write { block, count, seed }),
+        1 => (0u64..96, 1u64..17).prop_map(|(block, count)| Io::Trim { block, count }),
+    ]
 }
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        8 => (0u64..96, 1u64..9, any::<u8>()).prop_map(|(block, count, seed)| Op::Write { block, count, seed }),
-        2 => (0u64..96, 1u64..17).prop_map(|(block, count)| Op::Trim { block, count }),
+        10 => io().prop_map(Op::Io),
+        3 => proptest::collection::vec(io(), 2..8).prop_map(Op::Concurrent),
         2 => Just(Op::Flush),
         2 => Just(Op::SnapshotCreate),
         1 => (0usize..MAX_SNAPSHOTS).prop_map(Op::SnapshotDelete),
         1 => (0usize..MAX_SNAPSHOTS).prop_map(Op::SnapshotRevert),
         1 => (1u64..17).prop_map(Op::Expand),
         1 => Just(Op::Reopen),
+        2 => Just(Op::Crash),
         1 => (0usize..=MAX_SNAPSHOTS).prop_map(Op::LayerInsert),
     ]
-}
-
-struct Model {
-    head: Vec<u8>,
-    snapshots: Vec<(String, Vec<u8>)>,
-    next_name: u32,
 }
 
 fn pattern(block: u64, seed: u8) -> Vec<u8> {
     (0..BLOCK).map(|i| (i as u64 ^ block.wrapping_mul(31) ^ seed as u64 * 7) as u8).collect()
 }
 
+fn render(block: u64, val: Val) -> Vec<u8> {
+    match val {
+        None => vec![0; BLOCK],
+        Some(seed) => pattern(block, seed),
+    }
+}
+
+struct Model {
+    /// Per block, the values it may hold now (one, after a check).
+    head: Vec<Vec<Val>>,
+    /// Per block, the values a crash may leave: the one at the last flush
+    /// point and every one written since.
+    since_flush: Vec<Vec<Val>>,
+    snapshots: Vec<(String, Vec<Val>)>,
+    next_name: u32,
+}
+
+impl Model {
+    fn blocks(&self) -> u64 {
+        self.head.len() as u64
+    }
+
+    /// The head as it is now (checked, so one value per block).
+    fn pinned(&self) -> Vec<Val> {
+        self.head.iter().map(|v| v[0]).collect()
+    }
+
+    fn flush_point(&mut self) {
+        self.since_flush = self.head.clone();
+    }
+
+    /// Blocks `io` touches, and the value it leaves there.
+    fn extent(&self, io: &Io) -> (std::ops::Range<u64>, Val) {
+        let (block, count, val) = match *io {
+            Io::Write { block, count, seed } => (block, count, Some(seed)),
+            Io::Trim { block, count } => (block, count, None),
+        };
+        let block = block % self.blocks();
+        (block..block + count.min(self.blocks() - block), val)
+    }
+
+    /// Ios issued together: a block one of them touched may hold any of
+    /// their values; a crash may leave any of them too.
+    fn apply(&mut self, ios: &[Io]) {
+        let mut touched: Vec<Vec<Val>> = vec![Vec::new(); self.head.len()];
+        for io in ios {
+            let (range, val) = self.extent(io);
+            for b in range {
+                touched[b as usize].push(val);
+            }
+        }
+        for (b, vals) in touched.into_iter().enumerate() {
+            if !vals.is_empty() {
+                self.since_flush[b].extend(vals.iter().copied());
+                self.head[b] = vals;
+            }
+        }
+    }
+}
+
 struct Harness {
     config: StoreConfig,
-    store: Option<Store>,
+    store: Option<Arc<Store>>,
     model: Model,
 }
 
 impl Harness {
-    fn store(&self) -> &Store {
+    fn store(&self) -> &Arc<Store> {
         self.store.as_ref().expect("open store")
     }
 
-    async fn check(&self) {
-        let store = self.store();
-        let size = self.model.head.len() as u64;
+    /// Reads everything; each block must hold an allowed value, which the
+    /// model then keeps as the block's one value.
+    async fn check(&mut self) {
+        let store = self.store().clone();
+        let size = self.model.blocks() * BLOCK as u64;
         let data = store.read(1, 0, size).await.expect("read whole volume");
-        assert!(data[..] == self.model.head[..], "volume differs from the model");
+        for (b, allowed) in self.model.head.iter_mut().enumerate() {
+            let got = &data[b * BLOCK..(b + 1) * BLOCK];
+            let seen = allowed.iter().copied().find(|v| render(b as u64, *v) == got);
+            let seen = seen.unwrap_or_else(|| panic!("block {b} holds none of the values allowed: {allowed:?}"));
+            *allowed = vec![seen];
+        }
         let listed: Vec<String> = store.snapshot_list().into_iter().map(|s| s.name).collect();
         let expected: Vec<String> = self.model.snapshots.iter().map(|(n, _)| n.clone()).collect();
         assert_eq!(listed, expected);
         for (name, content) in &self.model.snapshots {
-            let view = store.read_snapshot(name, 0, content.len() as u64).await.expect("read snapshot");
-            assert!(view[..] == content[..], "snapshot {name} differs from the model");
+            let view = store.read_snapshot(name, 0, content.len() as u64 * BLOCK as u64).await.expect("read snapshot");
+            for (b, val) in content.iter().enumerate() {
+                assert!(view[b * BLOCK..(b + 1) * BLOCK] == render(b as u64, *val)[..], "snapshot {name} block {b}");
+            }
+        }
+    }
+
+    async fn run_io(store: Arc<Store>, io: Io, range: std::ops::Range<u64>) {
+        let offset = range.start * BLOCK as u64;
+        match io {
+            Io::Write { seed, .. } => {
+                let data: Vec<u8> = range.flat_map(|b| pattern(b, seed)).collect();
+                store.write(1, offset, &data, false).await.expect("write");
+            }
+            Io::Trim { .. } => {
+                let length = (range.end - range.start) * BLOCK as u64;
+                store.trim(1, offset, length).await.expect("trim");
+            }
         }
     }
 
     async fn apply(&mut self, op: &Op) {
-        let size_blocks = self.model.head.len() as u64 / BLOCK as u64;
+        let size_blocks = self.model.blocks();
         match op {
-            Op::Write { block, count, seed } => {
-                let (block, count) = clamp(*block, *count, size_blocks);
-                let data: Vec<u8> = (block..block + count).flat_map(|b| pattern(b, *seed)).collect();
-                self.store().write(1, block * BLOCK as u64, &data, false).await.expect("write");
-                let at = block as usize * BLOCK;
-                self.model.head[at..at + data.len()].copy_from_slice(&data);
+            Op::Io(io) => {
+                let (range, _) = self.model.extent(io);
+                Self::run_io(self.store().clone(), io.clone(), range).await;
+                self.model.apply(std::slice::from_ref(io));
             }
-            Op::Trim { block, count } => {
-                let (block, count) = clamp(*block, *count, size_blocks);
-                self.store().trim(1, block * BLOCK as u64, count * BLOCK as u64).await.expect("trim");
-                let at = block as usize * BLOCK;
-                self.model.head[at..at + count as usize * BLOCK].fill(0);
+            Op::Concurrent(ios) => {
+                let mut tasks = tokio::task::JoinSet::new();
+                for io in ios {
+                    let (range, _) = self.model.extent(io);
+                    tasks.spawn(Self::run_io(self.store().clone(), io.clone(), range));
+                }
+                while let Some(done) = tasks.join_next().await {
+                    done.expect("io task");
+                }
+                self.model.apply(ios);
             }
-            Op::Flush => self.store().flush().await.expect("flush"),
+            Op::Flush => {
+                self.store().flush().await.expect("flush");
+                self.model.flush_point();
+            }
             Op::SnapshotCreate => {
                 if self.model.snapshots.len() < MAX_SNAPSHOTS {
                     let name = format!("snap-{}", self.model.next_name);
                     self.model.next_name += 1;
                     self.store().snapshot_create(1, &name).await.expect("snapshot create");
-                    self.model.snapshots.push((name, self.model.head.clone()));
+                    let content = self.model.pinned();
+                    self.model.snapshots.push((name, content));
+                    self.model.flush_point();
                 }
             }
             Op::SnapshotDelete(i) => {
                 if let Some((name, _)) = self.model.snapshots.get(*i).cloned() {
                     self.store().snapshot_delete(1, &name).await.expect("snapshot delete");
                     self.model.snapshots.remove(*i);
+                    self.model.flush_point();
                 }
             }
             Op::SnapshotRevert(i) => {
                 if let Some((name, content)) = self.model.snapshots.get(*i).cloned() {
-                    let size = self.model.head.len();
                     self.store().snapshot_revert(1, &name).await.expect("snapshot revert");
                     self.model.snapshots.truncate(*i + 1);
                     // A snapshot taken before an expand reads as its old size
                     // followed by zeroes.
-                    self.model.head = content;
-                    self.model.head.resize(size, 0);
+                    let mut head: Vec<Vec<Val>> = content.into_iter().map(|v| vec![v]).collect();
+                    head.resize(size_blocks as usize, vec![None]);
+                    self.model.head = head;
+                    self.model.flush_point();
                 }
             }
             Op::Expand(extra) => {
                 if size_blocks + extra <= 128 {
                     let size = (size_blocks + extra) * BLOCK as u64;
                     self.store().expand(1, size).await.expect("expand");
-                    self.model.head.resize(size as usize, 0);
+                    self.model.head.resize((size_blocks + extra) as usize, vec![None]);
                     for (_, content) in &mut self.model.snapshots {
-                        content.resize(size as usize, 0);
+                        content.resize((size_blocks + extra) as usize, None);
                     }
+                    self.model.flush_point();
                     self.config.volume_size = size;
                 }
             }
@@ -135,25 +255,31 @@ impl Harness {
                     self.model.next_name += 1;
                     self.store().layer_insert(1, &name, &below).await.expect("layer insert");
                     let content = match i {
-                        0 => vec![0; self.model.head.len()],
+                        0 => vec![None; size_blocks as usize],
                         _ => self.model.snapshots[i - 1].1.clone(),
                     };
                     self.model.snapshots.insert(i, (name, content));
+                    self.model.flush_point();
                 }
             }
             Op::Reopen => {
                 self.store.take().expect("store").close().await.expect("close");
                 let store = Store::open(&self.config).await.expect("reopen");
                 assert!(store.info().clean_at_open, "a closed store reopens as clean");
-                self.store = Some(store);
+                self.store = Some(Arc::new(store));
+                self.model.flush_point();
+            }
+            Op::Crash => {
+                let store = self.store.take().expect("store");
+                assert_eq!(Arc::strong_count(&store), 1, "no I/O task still holds the store");
+                drop(store);
+                let store = Store::open(&self.config).await.expect("reopen after a crash");
+                assert!(!store.info().clean_at_open, "a store dropped without close reopens as unclean");
+                self.store = Some(Arc::new(store));
+                self.model.head = self.model.since_flush.clone();
             }
         }
     }
-}
-
-fn clamp(block: u64, count: u64, size_blocks: u64) -> (u64, u64) {
-    let block = block % size_blocks;
-    (block, count.min(size_blocks - block))
 }
 
 fn run(backend: BackendKind, initial_blocks: u64, ops: Vec<Op>) {
@@ -171,10 +297,11 @@ fn run(backend: BackendKind, initial_blocks: u64, ops: Vec<Op>) {
         config.journal_blocks = Some(4);
         config.capacity_bytes = Some(1200 * BLOCK as u64);
         let store = Store::open(&config).await.expect("create store");
+        let blocks = vec![vec![None]; initial_blocks as usize];
         let mut h = Harness {
             config,
-            store: Some(store),
-            model: Model { head: vec![0; size as usize], snapshots: Vec::new(), next_name: 0 },
+            store: Some(Arc::new(store)),
+            model: Model { head: blocks.clone(), since_flush: blocks, snapshots: Vec::new(), next_name: 0 },
         };
         h.check().await;
         for op in &ops {
