@@ -72,7 +72,7 @@ pub const MAX_READ_BYTES: u64 = 32 << 20;
 
 /// Blocks a trim, allocation scan or checksum scan handles per hold of the
 /// metadata lock; between slices other I/O on the store proceeds.
-const SLICE_BLOCKS: u64 = 16 << 10;
+const SLICE_BLOCKS: u64 = 1 << 10;
 
 /// Most checksums one request may ask for (16 MiB of answer).
 pub const MAX_CHECKSUMS: u64 = 4 << 20;
@@ -1239,8 +1239,18 @@ impl Store {
         };
         let device = self.device();
         let result = async {
-            for (pba, block) in &blocks {
-                device.write(pba * BLOCK_SIZE, AlignedBuf::from_slice(block)).await?;
+            // Physically contiguous blocks go down as one write: a large
+            // checkpoint is thousands of blocks, and one write each kept
+            // the commit lock for hundreds of milliseconds.
+            let mut i = 0;
+            while i < blocks.len() {
+                let mut run = 1;
+                while i + run < blocks.len() && blocks[i + run].0 == blocks[i].0 + run as u64 && run < 256 {
+                    run += 1;
+                }
+                let bytes: Vec<u8> = blocks[i..i + run].iter().flat_map(|(_, b)| b.iter().copied()).collect();
+                device.write(blocks[i].0 * BLOCK_SIZE, AlignedBuf::from_slice(&bytes)).await?;
+                i += run;
             }
             device.sync().await
         }
