@@ -23,7 +23,7 @@ const CHECKPOINT_MAGIC: u64 = u64::from_le_bytes(*b"IHRNCKPT");
 pub const SUPERBLOCK_SLOTS: u64 = 2;
 
 /// The superblock: where everything else is, and the durable counters.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Superblock {
     pub store_id: u64,
     /// Increases with every superblock write; the valid copy with the higher

@@ -16,7 +16,7 @@
 //! - Every read block is checked against its crc; a mismatch is an error
 //!   naming the volume offset, never data.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use thiserror::Error;
@@ -24,10 +24,17 @@ use thiserror::Error;
 use crate::device::{Device, StoreLocation};
 use crate::faults::Faults;
 use crate::format::{
-    self, BLOCK, BLOCK_SIZE, CheckpointImage, Entry, FlushStamp, JournalBlock, LayerImage, RECORDS_PER_JOURNAL_BLOCK,
-    Record, SlotContent, Superblock, ZERO_PBA,
+    self, BLOCK, BLOCK_SIZE, CheckpointImage, Entry, FlushStamp, JournalBlock, RECORDS_PER_JOURNAL_BLOCK, Record,
+    SlotContent, Superblock, ZERO_PBA,
 };
 use crate::io::{AlignedBuf, BackendKind};
+
+mod fence;
+mod meta;
+mod scan;
+mod snapshots;
+
+use meta::{Allocator, Layer, Meta, WriteTicket};
 
 #[derive(Debug, Error)]
 pub enum StoreError {
@@ -150,277 +157,6 @@ fn random_u64() -> u64 {
     u64::from_le_bytes(v)
 }
 
-/// Free-space map over physical blocks.
-struct Allocator {
-    used: Vec<u64>,
-    capacity: u64,
-    free: u64,
-    hint: u64,
-}
-
-impl Allocator {
-    fn new(capacity: u64) -> Self {
-        Self { used: vec![0; capacity.div_ceil(64) as usize], capacity, free: capacity, hint: 0 }
-    }
-    fn grow(&mut self, capacity: u64) {
-        assert!(capacity >= self.capacity);
-        self.used.resize(capacity.div_ceil(64) as usize, 0);
-        self.free += capacity - self.capacity;
-        self.capacity = capacity;
-    }
-    fn is_used(&self, pba: u64) -> bool {
-        self.used[(pba / 64) as usize] & (1 << (pba % 64)) != 0
-    }
-    /// Marks a free block used; false when it is out of range or already used.
-    fn claim(&mut self, pba: u64) -> bool {
-        if pba >= self.capacity || self.is_used(pba) {
-            return false;
-        }
-        self.used[(pba / 64) as usize] |= 1 << (pba % 64);
-        self.free -= 1;
-        true
-    }
-    fn release(&mut self, pba: u64) {
-        assert!(pba < self.capacity && self.is_used(pba), "double free of block {pba}");
-        self.used[(pba / 64) as usize] &= !(1 << (pba % 64));
-        self.free += 1;
-    }
-    /// Allocates up to `max` contiguous blocks: (first, count), next-fit.
-    fn alloc_run(&mut self, max: u64) -> Option<(u64, u64)> {
-        if self.free == 0 || max == 0 {
-            return None;
-        }
-        let mut pba = self.hint % self.capacity;
-        for _ in 0..self.capacity {
-            if pba % 64 == 0 && pba + 64 <= self.capacity && self.used[(pba / 64) as usize] == u64::MAX {
-                pba = (pba + 64) % self.capacity;
-                continue;
-            }
-            if !self.is_used(pba) {
-                let mut n = 0;
-                while n < max && pba + n < self.capacity && !self.is_used(pba + n) {
-                    self.claim(pba + n);
-                    n += 1;
-                }
-                self.hint = pba + n;
-                return Some((pba, n));
-            }
-            pba = (pba + 1) % self.capacity;
-        }
-        None
-    }
-    fn alloc(&mut self, count: u64) -> Option<Vec<(u64, u64)>> {
-        if self.free < count {
-            return None;
-        }
-        let mut runs = Vec::new();
-        let mut left = count;
-        while left > 0 {
-            let (start, n) = self.alloc_run(left)?;
-            runs.push((start, n));
-            left -= n;
-        }
-        Some(runs)
-    }
-}
-
-struct Layer {
-    id: u64,
-    name: String,
-    created_unix_ms: u64,
-    size_bytes: u64,
-    map: BTreeMap<u64, Entry>,
-}
-
-#[derive(Default)]
-struct LbaWrites {
-    applied_seq: u64,
-    in_flight: u32,
-}
-
-struct Meta {
-    /// The superblock as last made durable (plus size changes in progress).
-    sb: Superblock,
-    layers: Vec<Layer>,
-    next_layer_id: u64,
-    alloc: Allocator,
-    checkpoint_pbas: Vec<u64>,
-    journal_next: u64,
-    /// Applied records not yet in the journal.
-    pending: Vec<Record>,
-    /// Blocks unreferenced by `pending` records: free once those are durable.
-    pending_free: Vec<u64>,
-    /// Blocks whose unmapping is durable, waiting for older reads to finish.
-    quarantine: VecDeque<(u64, Vec<u64>)>,
-    next_read_ticket: u64,
-    reads_in_flight: BTreeMap<u64, u32>,
-    next_write_seq: u64,
-    lba_writes: HashMap<(u64, u64), LbaWrites>,
-    revision: u64,
-    /// The newest flush stamp applied (durable once its record is).
-    stamp: FlushStamp,
-    data_dirty: bool,
-    failed: Option<String>,
-    clean_at_open: bool,
-}
-
-impl Meta {
-    fn check_usable(&self) -> Result<()> {
-        match &self.failed {
-            Some(why) => Err(StoreError::Failed(why.clone())),
-            None => Ok(()),
-        }
-    }
-
-    fn head_index(&self) -> usize {
-        self.layers.len() - 1
-    }
-
-    fn layer_index(&self, name: &str) -> Result<usize> {
-        if name.is_empty() {
-            return Ok(self.head_index());
-        }
-        self.layers[..self.head_index()]
-            .iter()
-            .position(|l| l.name == name)
-            .ok_or_else(|| StoreError::NotFound(format!("snapshot {name:?}")))
-    }
-
-    fn entry_count(&self) -> u64 {
-        self.layers.iter().map(|l| l.map.len() as u64).sum()
-    }
-
-    /// Blocks kept back so a checkpoint can always be written.
-    fn reserve_blocks(&self, extra_entries: u64) -> u64 {
-        checkpoint_blocks_for(self.entry_count() + extra_entries, self.layers.len() as u64) + 2
-    }
-
-    /// What `lba` reads as from layer `top` down: an entry, or zeroes.
-    fn resolve(&self, top: usize, lba: u64) -> Option<Entry> {
-        self.layers[..=top].iter().rev().find_map(|l| l.map.get(&lba).copied()).filter(|e| e.pba != ZERO_PBA)
-    }
-
-    /// Sets one layer's mapping of `lba` and journals it.
-    fn set_entry(&mut self, index: usize, lba: u64, value: Option<Entry>) {
-        let layer = &mut self.layers[index];
-        let id = layer.id;
-        let old = match value {
-            Some(e) => layer.map.insert(lba, e),
-            None => layer.map.remove(&lba),
-        };
-        if let Some(old) = old.filter(|o| o.pba != ZERO_PBA) {
-            self.pending_free.push(old.pba);
-        }
-        self.pending.push(match value {
-            Some(Entry { pba: ZERO_PBA, .. }) => Record::Zero { layer: id, lba },
-            Some(Entry { pba, crc }) => Record::Map { layer: id, lba, pba, crc },
-            None => Record::Unmap { layer: id, lba },
-        });
-        self.revision += 1;
-    }
-
-    /// The value that makes `lba` of layer `index` read as zeroes.
-    fn zero_value(&self, index: usize, lba: u64) -> Option<Entry> {
-        let below = self.layers[..index].iter().any(|l| l.map.contains_key(&lba));
-        below.then_some(Entry { pba: ZERO_PBA, crc: zero_block_crc() })
-    }
-
-    /// Maps a finished write's blocks (`crcs` given) or frees them (failed or
-    /// abandoned); blocks superseded by a later-started request are freed.
-    fn settle_write(&mut self, w: &StartedWrite, crcs: Option<&[u32]>) {
-        let index = self.layers.iter().position(|l| l.id == w.layer_id);
-        let mut pbas = w.runs.iter().flat_map(|&(start, n)| start..start + n);
-        for (i, lba) in (w.first_lba..w.first_lba + w.blocks).enumerate() {
-            let pba = pbas.next().expect("one block per lba");
-            let state = self.lba_writes.get_mut(&(w.layer_id, lba)).expect("registered write");
-            state.in_flight -= 1;
-            let newest = w.seq > state.applied_seq;
-            if newest {
-                state.applied_seq = w.seq;
-            }
-            if state.in_flight == 0 {
-                self.lba_writes.remove(&(w.layer_id, lba));
-            }
-            match (index, crcs) {
-                (Some(index), Some(crcs)) if newest => self.set_entry(index, lba, Some(Entry { pba, crc: crcs[i] })),
-                // Superseded, failed, or the layer is gone: the block was
-                // never referenced, so it is free at once.
-                _ => self.alloc.release(pba),
-            }
-        }
-    }
-
-    /// A new empty layer named `name` (empty: a head), with a fresh id.
-    fn new_layer(&mut self, name: &str) -> Layer {
-        let id = self.next_layer_id;
-        self.next_layer_id += 1;
-        Layer {
-            id,
-            name: name.to_string(),
-            created_unix_ms: now_unix_ms(),
-            size_bytes: self.sb.volume_size,
-            map: BTreeMap::new(),
-        }
-    }
-
-    fn quarantined_blocks(&self) -> usize {
-        self.quarantine.iter().map(|(_, b)| b.len()).sum()
-    }
-
-    fn finish_read(&mut self, ticket: u64) {
-        let n = self.reads_in_flight.get_mut(&ticket).expect("read ticket");
-        *n -= 1;
-        if *n == 0 {
-            self.reads_in_flight.remove(&ticket);
-        }
-        self.release_quarantine();
-    }
-
-    fn quarantine(&mut self, blocks: Vec<u64>) {
-        if !blocks.is_empty() {
-            self.quarantine.push_back((self.next_read_ticket, blocks));
-            self.release_quarantine();
-        }
-    }
-
-    fn release_quarantine(&mut self) {
-        let oldest = self.reads_in_flight.keys().next().copied().unwrap_or(u64::MAX);
-        while let Some((ticket, _)) = self.quarantine.front() {
-            if *ticket > oldest {
-                break;
-            }
-            let (_, blocks) = self.quarantine.pop_front().expect("front");
-            for pba in blocks {
-                self.alloc.release(pba);
-            }
-        }
-    }
-
-    fn image(&self) -> CheckpointImage {
-        CheckpointImage {
-            revision: self.revision,
-            next_layer_id: self.next_layer_id,
-            layers: self
-                .layers
-                .iter()
-                .map(|l| LayerImage {
-                    id: l.id,
-                    name: l.name.clone(),
-                    created_unix_ms: l.created_unix_ms,
-                    size_bytes: l.size_bytes,
-                    entries: l.map.iter().map(|(k, v)| (*k, *v)).collect(),
-                })
-                .collect(),
-        }
-    }
-
-    fn fail(&mut self, why: String) -> StoreError {
-        tracing::error!("store failed: {why}");
-        self.failed.get_or_insert(why.clone());
-        StoreError::Failed(why)
-    }
-}
-
 /// Public view of one snapshot.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SnapshotInfo {
@@ -456,11 +192,7 @@ pub enum BlockState {
 /// It must be passed to [`Store::finish_write`]; one dropped instead (its
 /// task cancelled) keeps its blocks allocated until the store is reopened.
 pub struct StartedWrite {
-    layer_id: u64,
-    seq: u64,
-    runs: Vec<(u64, u64)>,
-    first_lba: u64,
-    blocks: u64,
+    ticket: WriteTicket,
     _gate: tokio::sync::OwnedRwLockReadGuard<()>,
 }
 
@@ -597,26 +329,7 @@ impl Store {
         stamp: FlushStamp,
         clean_at_open: bool,
     ) -> Store {
-        let meta = Meta {
-            sb,
-            layers,
-            next_layer_id,
-            alloc,
-            checkpoint_pbas,
-            journal_next: 0,
-            pending: Vec::new(),
-            pending_free: Vec::new(),
-            quarantine: VecDeque::new(),
-            next_read_ticket: 1,
-            reads_in_flight: BTreeMap::new(),
-            next_write_seq: 1,
-            lba_writes: HashMap::new(),
-            revision,
-            stamp,
-            data_dirty: false,
-            failed: None,
-            clean_at_open,
-        };
+        let meta = Meta::new(sb, layers, next_layer_id, alloc, checkpoint_pbas, revision, stamp, clean_at_open);
         let faults = Arc::new(Faults::default());
         Store {
             device: RwLock::new(Arc::new(device.with_faults(faults.clone()))),
@@ -769,63 +482,6 @@ impl Store {
         self.faults.clone()
     }
 
-    /// Whether `epoch` is newer than the highest seen; an older one is
-    /// refused.
-    fn is_newer_epoch(&self, epoch: u64) -> Result<bool> {
-        let highest = self.meta().sb.highest_epoch;
-        if epoch < highest {
-            return Err(StoreError::Fenced { epoch, highest });
-        }
-        Ok(epoch > highest)
-    }
-
-    /// Raises the fencing epoch to `epoch`, durable before it returns. It
-    /// first drains every request admitted under the older epoch (they hold
-    /// the gate shared), so once this returns nothing of an older engine
-    /// can still land. An older epoch is refused. (SetEpoch.)
-    pub async fn raise_epoch(&self, epoch: u64) -> Result<()> {
-        if !self.is_newer_epoch(epoch)? {
-            return Ok(());
-        }
-        let _gate = self.gate.write().await;
-        let _commit = self.commit.lock().await;
-        self.raise_epoch_locked(epoch).await
-    }
-
-    /// The check and the raise, with the gate held exclusively and `commit`.
-    async fn raise_epoch_locked(&self, epoch: u64) -> Result<()> {
-        let sb = {
-            let meta = self.meta();
-            meta.check_usable()?;
-            if epoch < meta.sb.highest_epoch {
-                return Err(StoreError::Fenced { epoch, highest: meta.sb.highest_epoch });
-            }
-            if epoch == meta.sb.highest_epoch {
-                return Ok(());
-            }
-            Superblock { sequence: meta.sb.sequence + 1, highest_epoch: epoch, ..meta.sb.clone() }
-        };
-        self.write_superblock(&sb).await?;
-        tracing::info!(epoch, "fencing epoch raised");
-        self.meta().sb = sb;
-        Ok(())
-    }
-
-    /// Admits one data request of `epoch`: returns the gate held shared with
-    /// the epoch checked under it, so an epoch raise (which takes the gate
-    /// exclusively) either waits for this request to finish or is seen by
-    /// it. A newer epoch is raised first.
-    async fn admit(&self, epoch: u64) -> Result<tokio::sync::OwnedRwLockReadGuard<()>> {
-        loop {
-            let gate = self.gate.clone().read_owned().await;
-            if !self.is_newer_epoch(epoch)? {
-                return Ok(gate);
-            }
-            drop(gate);
-            self.raise_epoch(epoch).await?;
-        }
-    }
-
     async fn write_superblock(&self, sb: &Superblock) -> Result<()> {
         let device = self.device();
         let slot = sb.sequence % format::SUPERBLOCK_SLOTS;
@@ -901,12 +557,8 @@ impl Store {
                         return Err(StoreError::OutOfSpace { needed, free: meta.alloc.free });
                     }
                     let runs = meta.alloc.alloc(blocks).expect("free space was checked");
-                    let seq = meta.next_write_seq;
-                    meta.next_write_seq += 1;
-                    for lba in first_lba..first_lba + blocks {
-                        meta.lba_writes.entry((layer_id, lba)).or_default().in_flight += 1;
-                    }
-                    return Ok(StartedWrite { layer_id, seq, runs, first_lba, blocks, _gate: gate });
+                    let ticket = meta.begin_write(layer_id, first_lba, blocks, runs);
+                    return Ok(StartedWrite { ticket, _gate: gate });
                 }
             }
             self.flush().await?;
@@ -916,19 +568,19 @@ impl Store {
 
     /// Second half of a write: puts the data on the device and maps it.
     pub async fn finish_write(&self, started: StartedWrite, data: &[u8]) -> Result<()> {
-        let mut result = if data.len() as u64 != started.blocks * BLOCK_SIZE {
+        let mut result = if data.len() as u64 != started.ticket.blocks * BLOCK_SIZE {
             Err(StoreError::InvalidArgument(format!(
                 "{} data bytes for a {}-byte write",
                 data.len(),
-                started.blocks * BLOCK_SIZE
+                started.ticket.blocks * BLOCK_SIZE
             )))
         } else {
             Ok(())
         };
         let device = self.device();
-        let mut crcs = Vec::with_capacity(started.blocks as usize);
+        let mut crcs = Vec::with_capacity(started.ticket.blocks as usize);
         let mut at = 0usize;
-        for &(pba, n) in &started.runs {
+        for &(pba, n) in &started.ticket.runs {
             if result.is_err() {
                 break;
             }
@@ -941,7 +593,7 @@ impl Store {
             at += len;
         }
         let mut meta = self.meta();
-        meta.settle_write(&started, result.is_ok().then_some(&crcs[..]));
+        meta.settle_write(&started.ticket, result.is_ok().then_some(&crcs[..]));
         if result.is_ok() {
             meta.data_dirty = true;
         }
@@ -1064,10 +716,7 @@ impl Store {
                     }
                 })
                 .collect();
-            let ticket = meta.next_read_ticket;
-            meta.next_read_ticket += 1;
-            *meta.reads_in_flight.entry(ticket).or_default() += 1;
-            (ticket, entries)
+            (meta.begin_read(), entries)
         };
         let result = self.read_blocks(offset, length, &entries).await;
         self.meta().finish_read(ticket);
@@ -1114,26 +763,6 @@ impl Store {
             i += n;
         }
         Ok(out)
-    }
-
-    /// An engine's flush: every write completed before it is made durable,
-    /// and with `stamp` the store records that it holds everything the
-    /// engine acknowledged before sending that flush. The stamp is journaled
-    /// after the data it covers is synced, so a durable stamp never claims
-    /// data that is not. `FlushStamp::NONE` withdraws the claim (a rebuild
-    /// target, until it is complete).
-    pub async fn flush_stamped(&self, epoch: u64, stamp: Option<FlushStamp>) -> Result<()> {
-        let _gate = self.admit(epoch).await?;
-        let _commit = self.commit.lock().await;
-        if let Some(stamp) = stamp {
-            let mut meta = self.meta();
-            meta.check_usable()?;
-            if meta.stamp != stamp {
-                meta.stamp = stamp;
-                meta.pending.push(Record::Stamp(stamp));
-            }
-        }
-        self.commit_locked(false, false).await
     }
 
     /// Makes every completed write durable.
@@ -1263,295 +892,6 @@ impl Store {
         meta.sb = new_sb;
         meta.quarantine(frees);
         Ok(())
-    }
-
-    fn validate_snapshot_name(name: &str) -> Result<()> {
-        let ok = !name.is_empty()
-            && name.len() <= 200
-            && name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
-        if ok {
-            Ok(())
-        } else {
-            Err(StoreError::InvalidArgument(format!(
-                "snapshot name {name:?} must be 1-200 characters of letters, digits, -_."
-            )))
-        }
-    }
-
-    /// Runs a structural change with I/O drained, then checkpoints it.
-    async fn structural<T>(&self, epoch: u64, change: impl FnOnce(&mut Meta) -> Result<T>) -> Result<T> {
-        let _gate = self.gate.write().await;
-        let _commit = self.commit.lock().await;
-        self.raise_epoch_locked(epoch).await?;
-        let out = {
-            let mut meta = self.meta();
-            meta.check_usable()?;
-            change(&mut meta)?
-        };
-        self.checkpoint_locked(false).await?;
-        Ok(out)
-    }
-
-    /// Seals the head as snapshot `name`; a new empty head goes on top.
-    pub async fn snapshot_create(&self, epoch: u64, name: &str) -> Result<SnapshotInfo> {
-        Self::validate_snapshot_name(name)?;
-        self.structural(epoch, |meta| {
-            if meta.layers.iter().any(|l| l.name == name) {
-                return Err(StoreError::AlreadyExists(format!("snapshot {name:?}")));
-            }
-            let new_head = meta.new_layer("");
-            let head = meta.layers.last_mut().expect("head");
-            head.name = name.to_string();
-            head.created_unix_ms = now_unix_ms();
-            let info = snapshot_info(head);
-            meta.layers.push(new_head);
-            Ok(info)
-        })
-        .await
-    }
-
-    pub fn snapshot_list(&self) -> Vec<SnapshotInfo> {
-        let meta = self.meta();
-        meta.layers[..meta.head_index()].iter().map(snapshot_info).collect()
-    }
-
-    /// Removes snapshot `name`; its blocks that its child does not override
-    /// move into the child, so every newer view reads the same afterwards.
-    pub async fn snapshot_delete(&self, epoch: u64, name: &str) -> Result<()> {
-        self.structural(epoch, |meta| {
-            let index = meta.layer_index(name)?;
-            if index == meta.head_index() {
-                return Err(StoreError::InvalidArgument("the head is not a snapshot".into()));
-            }
-            let layer = meta.layers.remove(index);
-            let mut freed = Vec::new();
-            {
-                let child = &mut meta.layers[index];
-                for (lba, e) in layer.map {
-                    if child.map.contains_key(&lba) {
-                        if e.pba != ZERO_PBA {
-                            freed.push(e.pba);
-                        }
-                    } else {
-                        child.map.insert(lba, e);
-                    }
-                }
-                if index == 0 {
-                    // Nothing lies below: zero markers are plain holes now.
-                    child.map.retain(|_, e| e.pba != ZERO_PBA);
-                }
-            }
-            meta.pending_free.extend(freed);
-            meta.revision += 1;
-            Ok(())
-        })
-        .await
-    }
-
-    /// Makes the volume read as snapshot `name` again. The head and every
-    /// snapshot newer than `name` are discarded.
-    pub async fn snapshot_revert(&self, epoch: u64, name: &str) -> Result<()> {
-        self.structural(epoch, |meta| {
-            let index = meta.layer_index(name)?;
-            if index == meta.head_index() {
-                return Err(StoreError::InvalidArgument("the head is not a snapshot".into()));
-            }
-            let dropped: Vec<Layer> = meta.layers.drain(index + 1..).collect();
-            for layer in dropped {
-                meta.pending_free.extend(layer.map.values().filter(|e| e.pba != ZERO_PBA).map(|e| e.pba));
-            }
-            let new_head = meta.new_layer("");
-            meta.layers.push(new_head);
-            meta.revision += 1;
-            Ok(())
-        })
-        .await
-    }
-
-    /// Grows the volume to `size_bytes`, growing the store's byte range by as
-    /// much again plus room for snapshots. Shrinking is refused.
-    pub async fn expand(&self, epoch: u64, size_bytes: u64) -> Result<()> {
-        let _gate = self.gate.write().await;
-        let _commit = self.commit.lock().await;
-        self.raise_epoch_locked(epoch).await?;
-        let (old_size, capacity_blocks) = {
-            let meta = self.meta();
-            meta.check_usable()?;
-            (meta.sb.volume_size, meta.sb.capacity_blocks)
-        };
-        if size_bytes % BLOCK_SIZE != 0 || size_bytes < old_size {
-            return Err(StoreError::InvalidArgument(format!(
-                "new size {size_bytes} must be a multiple of {BLOCK_SIZE} and at least the current {old_size}"
-            )));
-        }
-        if size_bytes == old_size {
-            return Ok(());
-        }
-        let growth_blocks = (size_bytes - old_size) / BLOCK_SIZE;
-        let extra = growth_blocks + growth_blocks / 4 + 2 * checkpoint_blocks_for(growth_blocks, 1);
-        let wanted = (capacity_blocks + extra) * BLOCK_SIZE;
-        {
-            let current = self.device();
-            if current.size_bytes() < wanted {
-                // All I/O is drained (gate) and commits are held (commit).
-                let mut device = self.device.write().expect("device lock");
-                let mut grown = Device::open(current.location(), current.backend_kind())
-                    .map_err(io_err("reopen store"))?
-                    .with_faults(self.faults.clone());
-                grown.grow(wanted).map_err(io_err("grow store"))?;
-                *device = Arc::new(grown);
-            }
-        }
-        let device_blocks = self.device().size_bytes() / BLOCK_SIZE;
-        {
-            let mut meta = self.meta();
-            meta.sb.volume_size = size_bytes;
-            meta.sb.capacity_blocks = device_blocks;
-            meta.alloc.grow(device_blocks);
-            let head = meta.head_index();
-            meta.layers[head].size_bytes = size_bytes;
-            meta.revision += 1;
-        }
-        self.checkpoint_locked(false).await
-    }
-
-    /// Writes into any layer (a snapshot too): how rebuilds fill a replica.
-    pub async fn write_layer(&self, epoch: u64, layer: &str, offset: u64, data: &[u8]) -> Result<()> {
-        let started = self.start_write(epoch, layer, offset, data.len() as u64).await?;
-        self.finish_write(started, data).await
-    }
-
-    pub async fn zero_layer(&self, epoch: u64, layer: &str, offset: u64, length: u64) -> Result<()> {
-        let _gate = self.admit(epoch).await?;
-        self.zero_layer_range(layer, offset, length).await
-    }
-
-    /// Inserts an empty sealed layer `name` directly below layer `below`
-    /// (empty: the head). No other layer's view changes; rebuilds use it to
-    /// give a replica a snapshot it missed.
-    pub async fn layer_insert(&self, epoch: u64, name: &str, below: &str) -> Result<()> {
-        Self::validate_snapshot_name(name)?;
-        self.structural(epoch, |meta| {
-            if meta.layers.iter().any(|l| l.name == name) {
-                return Err(StoreError::AlreadyExists(format!("snapshot {name:?}")));
-            }
-            let index = meta.layer_index(below)?;
-            let layer = meta.new_layer(name);
-            meta.layers.insert(index, layer);
-            Ok(())
-        })
-        .await
-    }
-
-    /// Allocation of the volume as read within `[offset, offset+length)`:
-    /// coalesced ranges, `zero` where it reads as zeroes without data.
-    /// A large range is scanned a slice at a time (other I/O runs between).
-    pub async fn allocation(&self, offset: u64, length: u64) -> Result<Vec<Extent>> {
-        self.check_range(&self.meta(), offset, length)?;
-        if length > MAX_ALLOCATION_BYTES {
-            return Err(StoreError::InvalidArgument(format!(
-                "allocation of {length} bytes asked; at most {MAX_ALLOCATION_BYTES} per request"
-            )));
-        }
-        let mut out: Vec<Extent> = Vec::new();
-        let end = (offset + length) / BLOCK_SIZE;
-        let mut from = offset / BLOCK_SIZE;
-        while from < end {
-            let to = (from + SLICE_BLOCKS).min(end);
-            {
-                let meta = self.meta();
-                let head = meta.head_index();
-                for lba in from..to {
-                    let zero = meta.resolve(head, lba).is_none();
-                    match out.last_mut() {
-                        Some(last) if last.zero == zero => last.length += BLOCK_SIZE,
-                        _ => out.push(Extent { offset: lba * BLOCK_SIZE, length: BLOCK_SIZE, zero }),
-                    }
-                }
-            }
-            from = to;
-            if from < end {
-                tokio::task::yield_now().await;
-            }
-        }
-        Ok(out)
-    }
-
-    /// A layer's mapped ranges, coalesced.
-    pub fn extents(&self, layer: &str) -> Result<Vec<Extent>> {
-        let meta = self.meta();
-        let index = meta.layer_index(layer)?;
-        let mut out: Vec<Extent> = Vec::new();
-        for (&lba, e) in &meta.layers[index].map {
-            let zero = e.pba == ZERO_PBA;
-            let offset = lba * BLOCK_SIZE;
-            match out.last_mut() {
-                Some(last) if last.offset + last.length == offset && last.zero == zero => last.length += BLOCK_SIZE,
-                _ => out.push(Extent { offset, length: BLOCK_SIZE, zero }),
-            }
-        }
-        Ok(out)
-    }
-
-    /// One crc32 per `chunk` bytes of `[offset, offset+length)`, computed from
-    /// the per-block checksums (no data is read). `layer` empty with `merged`
-    /// covers the volume as read; otherwise one layer's own mapping.
-    /// A large range is scanned a slice at a time (other I/O runs between).
-    pub async fn checksums(&self, layer: &str, merged: bool, offset: u64, length: u64, chunk: u64) -> Result<Vec<u32>> {
-        if chunk == 0 || chunk % BLOCK_SIZE != 0 || length % chunk != 0 {
-            return Err(StoreError::InvalidArgument(format!(
-                "chunk size {chunk} must be a positive multiple of {BLOCK_SIZE} dividing the length {length}"
-            )));
-        }
-        if length / chunk > MAX_CHECKSUMS {
-            return Err(StoreError::InvalidArgument(format!(
-                "{} checksums asked; at most {MAX_CHECKSUMS} per request",
-                length / chunk
-            )));
-        }
-        let layer_id = {
-            let meta = self.meta();
-            self.check_range(&meta, offset, length)?;
-            meta.layers[meta.layer_index(layer)?].id
-        };
-        let per_chunk = chunk / BLOCK_SIZE;
-        let first = offset / BLOCK_SIZE;
-        let chunks = length / chunk;
-        let chunks_per_slice = (SLICE_BLOCKS / per_chunk).max(1);
-        let mut out = Vec::with_capacity(chunks.min(1 << 20) as usize);
-        let mut c = 0;
-        while c < chunks {
-            let until = (c + chunks_per_slice).min(chunks);
-            {
-                let meta = self.meta();
-                let index = meta
-                    .layers
-                    .iter()
-                    .position(|l| l.id == layer_id)
-                    .ok_or_else(|| StoreError::NotFound(format!("layer {layer:?}")))?;
-                for c in c..until {
-                    let mut h = crc32fast::Hasher::new();
-                    for lba in first + c * per_chunk..first + (c + 1) * per_chunk {
-                        let (state, crc) = if merged {
-                            (1u8, meta.resolve(index, lba).map_or(zero_block_crc(), |e| e.crc))
-                        } else {
-                            match meta.layers[index].map.get(&lba) {
-                                None => (0, 0),
-                                Some(e) => (1, e.crc),
-                            }
-                        };
-                        h.update(&[state]);
-                        h.update(&crc.to_le_bytes());
-                    }
-                    out.push(h.finalize());
-                }
-            }
-            c = until;
-            if c < chunks {
-                tokio::task::yield_now().await;
-            }
-        }
-        Ok(out)
     }
 
     pub fn info(&self) -> StoreInfo {
