@@ -1,0 +1,380 @@
+//! The rebuild driver: a replica joins as WO at one point in the write
+//! stream, its sealed layers are made identical to the source's (by dirty
+//! map or checksum comparison), checked, and it flips to RW. One at a time.
+
+use super::*;
+
+impl Volume {
+    pub(super) fn record_rebuild(&self, status: RebuildStatus) {
+        let mut list = self.rebuilds.lock().expect("rebuilds");
+        if let Some(first) = list.front_mut() {
+            if first.replica == status.replica && first.started_unix_ms == status.started_unix_ms {
+                *first = status;
+                return;
+            }
+        }
+        list.push_front(status);
+        list.truncate(16);
+    }
+
+    /// Brings `address` in as WO, copies what it lacks from an RW replica,
+    /// verifies, and flips it to RW. One rebuild at a time per volume.
+    pub async fn add_replica(self: &Arc<Self>, address: &str) -> Result<RebuildStatus> {
+        let _one = self.rebuild_lock.lock().await;
+        self.check_fenced()?;
+        if self.replicas_in(&[Mode::RW, Mode::WO]).iter().any(|r| r.address == address) {
+            return Err(VolumeError::Invalid(format!("replica {address} is already in the volume")));
+        }
+        let size = self.size();
+        let (conn, info) = self.prepare_replica(address).await?;
+        if info.size_bytes > size {
+            return Err(VolumeError::Invalid(format!(
+                "replica {address} holds {} bytes, more than the volume's {size}",
+                info.size_bytes
+            )));
+        }
+        if info.size_bytes < size {
+            unary(self.timeout, conn.client().expand(ExpandRequest { size_bytes: size, epoch: self.epoch }))
+                .await
+                .map_err(|e| replica_error(address, e))?;
+        }
+        // Until it is verified complete the target claims no flushed data
+        // (durably: a crash mid-rebuild must not leave its old stamp). The
+        // first flush after it turns RW stamps it again.
+        unary(self.timeout, conn.client().withdraw_stamp(WithdrawStampRequest { epoch: self.epoch }))
+            .await
+            .map_err(|e| replica_error(address, e))?;
+        let snapshot = format!(
+            "{REBUILD_PREFIX}{}-{}-{}",
+            self.epoch,
+            now_unix_ms(),
+            self.rebuild_seq.fetch_add(1, Ordering::SeqCst)
+        );
+        let target = Arc::new(Replica {
+            address: address.to_string(),
+            store_id: info.store_id,
+            conn,
+            state: Mutex::new((Mode::WO, String::new())),
+        });
+
+        // Join at one point in the write stream.
+        let dirty = {
+            let _pause = self.pause.write().await;
+            let epoch = self.epoch;
+            self.on_all("rebuild snapshot", |r| {
+                let name = snapshot.clone();
+                async move {
+                    unary(r.conn.timeout(), r.conn.client().snapshot_create(SnapshotCreateRequest { name, epoch }))
+                        .await
+                }
+            })
+            .await?;
+            unary(
+                self.timeout,
+                target.conn.client().snapshot_create(SnapshotCreateRequest { name: snapshot.clone(), epoch }),
+            )
+            .await
+            .map_err(|e| replica_error(address, e))?;
+            let mut replicas = self.replicas.write().expect("replicas");
+            replicas.retain(|r| r.address != address);
+            replicas.push(target.clone());
+            drop(replicas);
+            self.unreachable.lock().expect("unreachable").retain(|(a, _)| a != address);
+            self.dirty.lock().expect("dirty").remove(&info.store_id)
+        };
+        let dirty = dirty.filter(|d| d.complete).map(|d| d.chunks);
+        // Chosen after the join: a replica that died unnoticed failed the
+        // join snapshot and is out by now.
+        let source = match self.replicas_in(&[Mode::RW]).into_iter().next() {
+            Some(source) => source,
+            None => {
+                let e = VolumeError::Io("no healthy replica to rebuild from".into());
+                self.fail_replica(&target, &e.to_string());
+                return Err(e);
+            }
+        };
+        let mut status = RebuildStatus {
+            replica: address.to_string(),
+            source: source.address.clone(),
+            state: "running".into(),
+            method: if dirty.is_some() { "dirty-map".into() } else { "checksums".into() },
+            started_unix_ms: now_unix_ms(),
+            ..Default::default()
+        };
+        self.record_rebuild(status.clone());
+        tracing::info!(replica = %address, source = %source.address, method = %status.method, "rebuild started");
+        let result = self.copy_layers(&source, &target, &snapshot, dirty, &mut status).await;
+        status.finished_unix_ms = now_unix_ms();
+        match result {
+            Ok(()) => {
+                target.set(Mode::RW, "");
+                // Everything written before now becomes durable on every
+                // replica, so a replica that fails later gets a dirty map of
+                // what was written after this, not of all that was ever
+                // written without a client flush (a filled volume that was
+                // never flushed would otherwise be rebuilt whole each time).
+                if let Err(e) = self.flush_replicas().await {
+                    tracing::warn!(error = %e, "flush after rebuild failed");
+                }
+                status.state = "done".into();
+                tracing::info!(
+                    replica = %address,
+                    copied_bytes = status.copied_bytes,
+                    compared_bytes = status.compared_bytes,
+                    seconds = (status.finished_unix_ms - status.started_unix_ms) as f64 / 1000.0,
+                    "rebuild finished"
+                );
+                self.record_rebuild(status.clone());
+                self.drop_rebuild_snapshots().await;
+                Ok(status)
+            }
+            Err(e) => {
+                self.fail_replica(&target, &format!("rebuild: {e}"));
+                status.state = "failed".into();
+                status.error = e.to_string();
+                self.record_rebuild(status);
+                Err(e)
+            }
+        }
+    }
+
+    /// Makes the target's sealed layers identical to the source's.
+    pub(super) async fn copy_layers(
+        &self,
+        source: &Replica,
+        target: &Replica,
+        snapshot: &str,
+        dirty: Option<BTreeSet<u64>>,
+        status: &mut RebuildStatus,
+    ) -> Result<()> {
+        let timeout = self.timeout;
+        let names = |r: &Replica| {
+            let client = r.conn.client();
+            async move {
+                let mut client = client;
+                unary(timeout, client.snapshot_list(SnapshotListRequest {}))
+                    .await
+                    .map(|l| l.snapshots.into_iter().map(|s| s.name).collect::<Vec<_>>())
+            }
+        };
+        let source_names = names(source).await.map_err(|e| replica_error(&source.address, e))?;
+        let target_before = names(target).await.map_err(|e| replica_error(&target.address, e))?;
+        let same_chain = source_names == target_before;
+        let epoch = self.epoch;
+        let mut t = target.conn.client();
+        for name in target_before.iter().filter(|n| !source_names.contains(n)) {
+            unary(timeout, t.snapshot_delete(SnapshotDeleteRequest { name: name.clone(), epoch }))
+                .await
+                .map_err(|e| replica_error(&target.address, e))?;
+        }
+        let target_names = names(target).await.map_err(|e| replica_error(&target.address, e))?;
+        for (i, name) in source_names.iter().enumerate() {
+            if !target_names.contains(name) {
+                let below =
+                    source_names[i + 1..].iter().find(|n| target_names.contains(n)).cloned().unwrap_or_default();
+                unary(timeout, t.layer_insert(LayerInsertRequest { name: name.clone(), below, epoch }))
+                    .await
+                    .map_err(|e| replica_error(&target.address, e))?;
+            }
+        }
+        let target_names = names(target).await.map_err(|e| replica_error(&target.address, e))?;
+        if target_names != source_names {
+            return Err(VolumeError::Io(format!(
+                "snapshot chains differ after alignment: {source_names:?} vs {target_names:?}"
+            )));
+        }
+
+        let size = self.size();
+        let chunks = size.div_ceil(CHUNK);
+        let plan: Vec<(String, Vec<u64>)> = match (&dirty, same_chain) {
+            (Some(d), true) => vec![(snapshot.to_string(), d.iter().copied().filter(|c| *c < chunks).collect())],
+            _ => source_names.iter().map(|n| (n.clone(), (0..chunks).collect())).collect(),
+        };
+        status.total_bytes = plan.iter().map(|(_, c)| c.len() as u64 * CHUNK).sum();
+        self.record_rebuild(status.clone());
+        let started = std::time::Instant::now();
+        for (layer, wanted) in &plan {
+            for batch in wanted.chunks(CHECKSUM_BATCH_CHUNKS as usize) {
+                // Chunks a dirty map names are copied as they are: one may
+                // hold a block that failed its checksum on the target while
+                // its metadata still matches the source's.
+                let differing = if dirty.is_some() && same_chain {
+                    batch.to_vec()
+                } else {
+                    self.differing_chunks(source, target, layer, batch).await?
+                };
+                status.compared_bytes += batch.len() as u64 * CHUNK;
+                // Several chunks in flight, so the source reads the next
+                // while the target writes the last (one at a time, each
+                // disk idled half the time).
+                let mut copies = futures_util::stream::iter(differing.iter().copied())
+                    .map(|chunk| self.copy_chunk(source, target, layer, chunk))
+                    .buffer_unordered(REBUILD_CHUNKS_IN_FLIGHT);
+                let mut done = 0;
+                while let Some(copied) = copies.next().await {
+                    status.copied_bytes += copied?;
+                    done += 1;
+                    self.record_rebuild(status.clone());
+                    if done % FLUSH_EVERY_CHUNKS == 0 {
+                        self.flush_target(target).await?;
+                    }
+                    let rate = self.rebuild_bytes_per_sec.load(Ordering::SeqCst);
+                    if rate > 0 {
+                        let due = Duration::from_secs_f64(status.copied_bytes as f64 / rate as f64);
+                        if let Some(wait) = due.checked_sub(started.elapsed()) {
+                            tokio::time::sleep(wait).await;
+                        }
+                    }
+                }
+                self.flush_target(target).await?;
+                self.record_rebuild(status.clone());
+            }
+        }
+        // Verify every layer, whatever the plan was.
+        for layer in &source_names {
+            let all: Vec<u64> = (0..chunks).collect();
+            for batch in all.chunks(CHECKSUM_BATCH_CHUNKS as usize) {
+                let differing = self.differing_chunks(source, target, layer, batch).await?;
+                if !differing.is_empty() {
+                    return Err(VolumeError::Io(format!(
+                        "verification: layer {layer} still differs in {} chunk(s) starting at {}",
+                        differing.len(),
+                        differing[0] * CHUNK
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes the target's copied data durable, so a crash of the target
+    /// does not undo it and a retry resumes from there.
+    pub(super) async fn flush_target(&self, target: &Replica) -> Result<()> {
+        target
+            .conn
+            .enqueue(io_request(IoOp::Flush, 0, 0, Bytes::new(), self.epoch, false))
+            .wait()
+            .await
+            .map(drop)
+            .map_err(|e| replica_error(&target.address, e))
+    }
+
+    /// Chunks (from `batch`) whose merged view at `layer` differs.
+    pub(super) async fn differing_chunks(
+        &self,
+        source: &Replica,
+        target: &Replica,
+        layer: &str,
+        batch: &[u64],
+    ) -> Result<Vec<u64>> {
+        let size = self.size();
+        let mut out = Vec::new();
+        // Contiguous runs of the batch are compared in one call each.
+        let mut i = 0;
+        while i < batch.len() {
+            let mut n = 1;
+            while i + n < batch.len() && batch[i + n] == batch[i] + n as u64 {
+                n += 1;
+            }
+            let offset = batch[i] * CHUNK;
+            let length = (n as u64 * CHUNK).min(size - offset);
+            let chunk_size = if length % CHUNK == 0 { CHUNK } else { BLOCK };
+            let request = ChecksumsRequest { layer: layer.to_string(), merged: true, offset, length, chunk_size };
+            let (mut sc, mut tc) = (source.conn.client(), target.conn.client());
+            let (a, b) = tokio::join!(
+                unary(self.timeout, sc.checksums(request.clone())),
+                unary(self.timeout, tc.checksums(request)),
+            );
+            let a = a.map_err(|e| replica_error(&source.address, e))?.crc32;
+            let b = b.map_err(|e| replica_error(&target.address, e))?.crc32;
+            if chunk_size == CHUNK {
+                out.extend((0..n).filter(|k| a[*k] != b[*k]).map(|k| batch[i + k]));
+            } else {
+                // The volume's last, partial chunk: compared block by block.
+                let blocks_per_chunk = (CHUNK / BLOCK) as usize;
+                for k in 0..n {
+                    let range = k * blocks_per_chunk..((k + 1) * blocks_per_chunk).min(a.len());
+                    if a[range.clone()] != b[range] {
+                        out.push(batch[i + k]);
+                    }
+                }
+            }
+            i += n;
+        }
+        Ok(out)
+    }
+
+    /// Copies one chunk of `layer`'s view from source to target; returns the
+    /// bytes moved (zero runs are sent as markers, not data).
+    pub(super) async fn copy_chunk(&self, source: &Replica, target: &Replica, layer: &str, chunk: u64) -> Result<u64> {
+        let offset = chunk * CHUNK;
+        let length = CHUNK.min(self.size() - offset);
+        let read = ReadLayerRequest { layer: layer.to_string(), offset, length, merged: true };
+        let data = unary(self.timeout, source.conn.client().read_layer(read))
+            .await
+            .map_err(|e| replica_error(&source.address, e))?
+            .data;
+        let mut t = target.conn.client();
+        let blocks = (length / BLOCK) as usize;
+        let is_zero = |i: usize| data[i * BLOCK as usize..(i + 1) * BLOCK as usize].iter().all(|&b| b == 0);
+        let mut copied = 0;
+        let mut i = 0;
+        while i < blocks {
+            let zero = is_zero(i);
+            let mut n = 1;
+            while i + n < blocks && is_zero(i + n) == zero {
+                n += 1;
+            }
+            let at = offset + i as u64 * BLOCK;
+            let len = n as u64 * BLOCK;
+            let request = if zero {
+                WriteLayerRequest {
+                    layer: layer.to_string(),
+                    offset: at,
+                    data: Bytes::new(),
+                    zero: true,
+                    length: len,
+                    epoch: self.epoch,
+                }
+            } else {
+                copied += len;
+                let bytes = data.slice(i * BLOCK as usize..(i + n) * BLOCK as usize);
+                WriteLayerRequest {
+                    layer: layer.to_string(),
+                    offset: at,
+                    data: bytes,
+                    zero: false,
+                    length: len,
+                    epoch: self.epoch,
+                }
+            };
+            unary(self.timeout, t.write_layer(request)).await.map_err(|e| replica_error(&target.address, e))?;
+            i += n;
+        }
+        Ok(copied)
+    }
+
+    /// Removes rebuild snapshots from every writable replica (their data
+    /// merges into the head; no view changes). Best effort.
+    pub(super) async fn drop_rebuild_snapshots(&self) {
+        for replica in self.replicas_in(&[Mode::RW, Mode::WO]) {
+            let mut client = replica.conn.client();
+            let Ok(list) = unary(self.timeout, client.snapshot_list(SnapshotListRequest {})).await else { continue };
+            for s in list.snapshots.into_iter().filter(|s| s.name.starts_with(REBUILD_PREFIX)) {
+                let call = client.snapshot_delete(SnapshotDeleteRequest { name: s.name.clone(), epoch: self.epoch });
+                if let Err(e) = unary(self.timeout, call).await {
+                    tracing::warn!(replica = %replica.address, snapshot = %s.name, error = %e, "could not drop rebuild snapshot");
+                }
+            }
+        }
+    }
+
+    /// Rebuilds the given replicas one after another (used at start).
+    pub async fn rebuild_all(self: Arc<Self>, addresses: Vec<String>) {
+        for address in addresses {
+            if let Err(e) = self.add_replica(&address).await {
+                tracing::error!(replica = %address, error = %e, "rebuild at start failed");
+            }
+        }
+    }
+}
