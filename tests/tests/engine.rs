@@ -216,11 +216,11 @@ fn snapshot_mid_stream_then_revert_on_every_replica() {
     c.start_engine(1, &[]);
     let uri = c.uri();
     run("qemu-io", &["-f", "raw", &uri, "-c", "write -P 0x11 0 4M"]).unwrap();
-    let fio_run = fio(
+    let mut fio_run = fio(
         &uri,
         &["--rw=randwrite", "--size=16M", "--offset=64M", "--verify=crc32c", "--do_verify=1", "--verify_fatal=1"],
     );
-    std::thread::sleep(Duration::from_millis(300));
+    wait_for_writes_in_flight(&c.engine().address, &mut fio_run, 200, Duration::from_secs(30));
     engine_cli(&["snapshot", "create", "--engine", &c.engine().address, "snap1"]).expect("snapshot during I/O");
     finish(fio_run, "fio across the snapshot");
     let at_snapshot = images(&c.addresses(), 1);

@@ -50,11 +50,14 @@ fn setting(cluster: &StandaloneCluster, name: &str, value: &str) {
     cluster.cli(&["setting", "set", name, value]).unwrap_or_else(|e| panic!("set {name}: {e}"));
 }
 
-fn engine_status(cluster: &StandaloneCluster, volume: &str) -> Value {
+fn engine_address(cluster: &StandaloneCluster, volume: &str) -> String {
     let engines = cluster.json(&["engine", "list"]);
-    let engine =
-        engines.as_array().unwrap().iter().find(|e| e["spec"]["volumeName"] == volume).expect("engine").clone();
-    let address = engine["status"]["address"].as_str().expect("engine address").to_string();
+    let engine = engines.as_array().unwrap().iter().find(|e| e["spec"]["volumeName"] == volume).expect("engine");
+    engine["status"]["address"].as_str().expect("engine address").to_string()
+}
+
+fn engine_status(cluster: &StandaloneCluster, volume: &str) -> Value {
+    let address = engine_address(cluster, volume);
     serde_json::from_str(&engine_cli(&["status", "--engine", &address]).expect("engine status")).unwrap()
 }
 
@@ -132,12 +135,13 @@ fn a_killed_replica_is_reused_with_a_delta_rebuild_under_fio() {
     // did not flush is copied again, by design), so a full copy would show.
     check(fio(&endpoint, "256M", &["--rw=write", "--bs=1M", "--end_fsync=1"]).output().unwrap(), "fill");
 
-    let child = fio(&endpoint, "64M", &[])
+    let mut child = fio(&endpoint, "64M", &[])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(800));
+    let engine = engine_address(&cluster, "v1");
+    wait_for_writes_in_flight(&engine, &mut child, 500, Duration::from_secs(60));
     let (pid, _) = instance(&cluster, &node, &victim).expect("victim instance");
     kill9(pid);
     check(child.wait_with_output().unwrap(), "fio verify across a replica kill");
