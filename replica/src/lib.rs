@@ -2,6 +2,7 @@
 //! logical volume or a file, served over gRPC.
 
 pub mod device;
+pub mod fault_service;
 pub mod faults;
 pub mod format;
 pub mod io;
@@ -20,6 +21,8 @@ pub use ironhorn_proto::units::parse_size;
 pub struct ServeConfig {
     pub store: StoreConfig,
     pub listen: SocketAddr,
+    /// Serve the `Faults` service (tests only).
+    pub fault_injection: bool,
 }
 
 /// Opens (or creates) the store and serves it until SIGTERM or SIGINT, then
@@ -42,9 +45,14 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
     // Tests and supervisors read this line to learn the bound address.
     ironhorn_proto::say!("listening on {local}");
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    let faults = config.fault_injection.then(|| {
+        tracing::warn!("fault injection is on: any client can fail this replica's disk");
+        fault_service::FaultService::new(store.faults())
+    });
     let router = tonic::transport::Server::builder()
         .max_frame_size(ironhorn_proto::batch::H2_MAX_FRAME)
-        .add_service(server::ReplicaService::new(store.clone()));
+        .add_service(server::ReplicaService::new(store.clone()))
+        .add_optional_service(faults);
     ironhorn_proto::shutdown::serve_router(router, incoming, std::time::Duration::from_secs(2), "gRPC server").await?;
     tracing::info!("shutting down");
     store.close().await.map_err(|e| format!("close store: {e}"))?;

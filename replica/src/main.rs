@@ -32,6 +32,10 @@ enum Command {
         /// I/O backend: uring (io_uring, O_DIRECT) or pread.
         #[arg(long, default_value = "uring")]
         io: BackendKind,
+        /// Serve the Faults gRPC service, which fails this replica's disk on
+        /// request. For tests only.
+        #[arg(long)]
+        fault_injection: bool,
     },
     /// Delete a store: remove the file or the LV.
     Delete {
@@ -44,12 +48,12 @@ fn main() {
     ironhorn_proto::say::init_logging();
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Serve { store, size, listen, capacity, io } => {
+        Command::Serve { store, size, listen, capacity, io, fault_injection } => {
             let mut config = StoreConfig::new(store, size);
             config.capacity_bytes = capacity;
             config.backend = io;
             let runtime = ironhorn_proto::runtime::build().expect("tokio runtime");
-            runtime.block_on(ironhorn_replica::serve(ServeConfig { store: config, listen }))
+            runtime.block_on(ironhorn_replica::serve(ServeConfig { store: config, listen, fault_injection }))
         }
         Command::Delete { store } => ironhorn_replica::delete(&store),
     };

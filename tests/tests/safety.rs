@@ -11,6 +11,8 @@
 
 use std::path::Path;
 
+use ironhorn_proto::replica::faults_client::FaultsClient;
+use ironhorn_proto::replica::{ArmFaultRequest, ClearFaultsRequest, FaultAction, FaultOp};
 use ironhorn_tests::*;
 
 const SIZE: &str = "64MiB";
@@ -256,4 +258,72 @@ fn a_volume_whose_every_replica_is_full_refuses_writes_with_enospc_and_keeps_ser
     flush(&mut client);
     assert_eq!(engine_status(&e)["out_of_space"], false, "and the engine no longer says out of space");
     assert_eq!(read_version(&mut client, refused * CHUNK_BLOCKS), Some(2));
+}
+
+/// Arms a fault on a replica started with --fault-injection.
+fn arm_fault(address: &str, op: FaultOp, action: FaultAction) -> Result<u64, tonic::Status> {
+    runtime().block_on(async {
+        let mut c = FaultsClient::connect(format!("http://{address}")).await.expect("connect to the replica");
+        let request = ArmFaultRequest { ops: vec![op as i32], action: action as i32, skip: 0, times: 1, delay_ms: 0 };
+        c.arm(request).await.map(|r| r.into_inner().fired)
+    })
+}
+
+fn faults_fired(address: &str) -> u64 {
+    runtime().block_on(async {
+        let mut c = FaultsClient::connect(format!("http://{address}")).await.expect("connect to the replica");
+        c.state(ClearFaultsRequest {}).await.expect("fault state").into_inner().fired
+    })
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
+}
+
+/// Disks that fail under running processes: one replica's next data write
+/// fails with EIO, another's next sync does. Each of those replicas is
+/// failed alone (its own fault), the client sees every write and flush
+/// succeed on the replica left, and every acknowledged block reads back.
+/// A replica started without --fault-injection refuses to arm a fault.
+#[test]
+fn replicas_whose_disk_fails_a_write_or_a_sync_are_failed_alone_and_nothing_acknowledged_is_lost() {
+    require_root();
+    let dir = TempDir::new("safety-disk");
+    let r: Vec<Process> = (0..3)
+        .map(|i| {
+            let store = format!("file:{}", dir.path().join(format!("d{i}.img")).display());
+            start_replica(&format!("d{i}"), &store, SIZE, dir.path(), &["--fault-injection"]).expect("replica")
+        })
+        .collect();
+    let e = engine(dir.path(), "disk", 1, &[&r[0], &r[1], &r[2]], &[]);
+    let mut client = nbd(dir.path(), "disk");
+    for block in 0..64 {
+        write_block(&mut client, block, 1);
+    }
+    flush(&mut client);
+
+    arm_fault(&r[1].address, FaultOp::Write, FaultAction::Eio).expect("arm a write fault");
+    for block in 64..128 {
+        write_block(&mut client, block, 1);
+    }
+    flush(&mut client);
+    arm_fault(&r[2].address, FaultOp::Sync, FaultAction::Eio).expect("arm a sync fault");
+    for block in 128..192 {
+        write_block(&mut client, block, 1);
+    }
+    flush(&mut client);
+
+    assert_eq!(faults_fired(&r[1].address), 1, "the write fault hit a write");
+    assert_eq!(faults_fired(&r[2].address), 1, "the sync fault hit a sync");
+    let modes = replica_modes(&engine_status(&e));
+    assert_eq!(modes[&r[0].address], "RW", "{modes:?}");
+    assert_eq!(modes[&r[1].address], "ERR", "failed by its own write error: {modes:?}");
+    assert_eq!(modes[&r[2].address], "ERR", "failed by its own sync error: {modes:?}");
+    for block in 0..192 {
+        assert_eq!(read_version(&mut client, block), Some(1), "acknowledged block {block}");
+    }
+
+    let plain = replica(dir.path(), "plain");
+    let refused = arm_fault(&plain.address, FaultOp::Write, FaultAction::Eio).expect_err("fault injection is off");
+    assert_eq!(refused.code(), tonic::Code::Unimplemented);
 }
