@@ -372,10 +372,16 @@ impl DataStream {
     /// Sends one request; the returned receiver yields its response, or an
     /// error when the stream broke first.
     pub fn send(&self, op: IoOp, offset: u64, length: u64, data: Bytes, epoch: u64) -> oneshot::Receiver<IoResponse> {
+        let req = IoRequest { id: 0, op: op as i32, offset, length, data, epoch, fua: false, flush_sequence: 0 };
+        self.send_request(req)
+    }
+
+    /// Sends `req` as it is (any op number, any field), with its id set.
+    pub fn send_request(&self, mut req: IoRequest) -> oneshot::Receiver<IoResponse> {
         let id = self.next_id.fetch_add(1, Ordering::SeqCst);
+        req.id = id;
         let (tx, rx) = oneshot::channel();
         self.waiting.lock().unwrap().insert(id, tx);
-        let req = IoRequest { id, op: op as i32, offset, length, data, epoch, fua: false, flush_sequence: 0 };
         if self.tx.send(req).is_err() {
             self.waiting.lock().unwrap().remove(&id);
         }
