@@ -57,6 +57,9 @@ pub struct ReplicaConn {
     waiting: Waiters,
     next_id: AtomicU64,
     broken: Arc<AtomicBool>,
+    /// Becomes true when the data stream ends (the replica died, its
+    /// connection was reset): watchers learn at once, not at the next request.
+    closed: tokio::sync::watch::Receiver<bool>,
     timeout: Duration,
 }
 
@@ -98,6 +101,7 @@ impl ReplicaConn {
         let waiting: Waiters = Default::default();
         let broken = Arc::new(AtomicBool::new(false));
         let (w, b, a) = (waiting.clone(), broken.clone(), address.to_string());
+        let (closed_tx, closed) = tokio::sync::watch::channel(false);
         tokio::spawn(async move {
             loop {
                 match responses.message().await {
@@ -119,6 +123,7 @@ impl ReplicaConn {
             b.store(true, Ordering::SeqCst);
             // Dropping the senders fails every request still waiting.
             w.lock().expect("waiters").clear();
+            let _ = closed_tx.send(true);
         });
         Ok(ReplicaConn {
             address: address.to_string(),
@@ -127,8 +132,18 @@ impl ReplicaConn {
             waiting,
             next_id: AtomicU64::new(1),
             broken,
+            closed,
             timeout,
         })
+    }
+
+    /// Resolves when the data stream has ended. Holds nothing of the
+    /// connection, so a watcher does not keep it open.
+    pub fn closed(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut closed = self.closed.clone();
+        async move {
+            let _ = closed.wait_for(|c| *c).await;
+        }
     }
 
     pub fn client(&self) -> ReplicaClient<Channel> {

@@ -637,3 +637,27 @@ fn random_bytes_on_the_nbd_socket_never_take_the_engine_down() {
     assert_eq!((err, data), (0, block), "the client connected throughout still reads its data");
     assert_eq!(good.request(1, 12288, 4096, &[0x4d; 4096]).unwrap().0, 0, "and writes");
 }
+
+/// With no I/O at all, a replica whose process dies is failed as soon as its
+/// data stream ends (before, an idle engine kept reporting it RW until the
+/// next write, and the manager saw a healthy volume with a dead replica).
+#[test]
+fn an_idle_engine_fails_a_replica_whose_process_died() {
+    let mut c = Cluster::new("eng-idle", 2);
+    c.start_engine(1, &[]);
+    let victim = c.replicas[1].address.clone();
+    assert_eq!(replica_modes(&engine_status(c.engine()))[&victim], "RW");
+    c.replicas[1].kill9();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let modes = replica_modes(&engine_status(c.engine()));
+        if modes[&victim] == "ERR" {
+            assert_eq!(modes[&c.replicas[0].address], "RW", "{modes:?}");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "a dead replica still shows {modes:?} with no I/O");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = run("qemu-io", &["-f", "raw", &c.uri(), "-c", "write -P 0x21 0 64k", "-c", "read -P 0x21 0 64k"]);
+    assert!(out.is_ok_and(|o| !o.contains("failed")), "the volume serves on the replica left");
+}

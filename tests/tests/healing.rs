@@ -374,6 +374,8 @@ fn salvage_serves_the_newest_flushed_writes_even_from_the_replica_with_the_lowes
     let endpoint = attached_volume(&cluster, "v1", "64MiB");
     // A long history: 16,384 writes into the first MiB.
     check(fio(&endpoint, "1M", &["--io_size=64M", "--do_verify=0"]).output().unwrap(), "overwrites");
+    qemu_io(&endpoint, "write -P 0x11 0 1M").expect("a known pattern over the overwritten MiB");
+    qemu_io(&endpoint, "flush").expect("flush");
     let (victim, dead) = remote_replica(&cluster, "v1");
     kill_node(&cluster, &dead, &victim);
     cluster.wait(Duration::from_secs(60), "the dead replica failed, a replacement rebuilt on the spare node", || {
@@ -419,9 +421,11 @@ fn salvage_serves_the_newest_flushed_writes_even_from_the_replica_with_the_lowes
         healthy(&cluster, "v1") && has_event(&cluster, "v1", "Salvage", "salvaging from")
     });
     let endpoint = cluster.volume("v1")["status"]["endpoint"].as_str().unwrap().to_string();
-    // Reads rotate over the replicas: every one must serve the newest data.
+    // Reads rotate over the replicas: every one must serve the newest data,
+    // and every other flushed block.
     for _ in 0..3 {
         qemu_io(&endpoint, "read -P 0x5a 0 200k").expect("the flushed writes survive the salvage");
+        qemu_io(&endpoint, "read -P 0x11 200k 824k").expect("the rest of the flushed MiB too");
     }
 }
 

@@ -315,6 +315,7 @@ impl Volume {
                 "replica at start"
             );
             volume.replicas.write().expect("replicas").push(r.clone());
+            volume.watch_stream(r);
         }
         volume.spawn_background_flush();
         Ok((volume, rebuild))
@@ -429,6 +430,22 @@ impl Volume {
     }
 
     /// Takes a replica out of service and starts its dirty map.
+    /// Fails `replica` as soon as its data stream ends, I/O or not: an idle
+    /// volume must not report a dead replica as healthy until its next
+    /// write. The watcher holds neither the volume nor the replica.
+    pub(super) fn watch_stream(self: &Arc<Self>, replica: &Arc<Replica>) {
+        let closed = replica.conn.closed();
+        let (volume, replica) = (Arc::downgrade(self), Arc::downgrade(replica));
+        tokio::spawn(async move {
+            closed.await;
+            let (Some(volume), Some(replica)) = (volume.upgrade(), replica.upgrade()) else { return };
+            let member = volume.replicas.read().expect("replicas").iter().any(|r| Arc::ptr_eq(r, &replica));
+            if member {
+                volume.fail_replica(&replica, "data stream closed");
+            }
+        });
+    }
+
     fn fail_replica(&self, replica: &Replica, why: &str) {
         let mut dirty = self.dirty.lock().expect("dirty");
         let was = replica.mode();

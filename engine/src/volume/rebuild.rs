@@ -79,6 +79,7 @@ impl Volume {
             replicas.retain(|r| r.address != address);
             replicas.push(target.clone());
             drop(replicas);
+            self.watch_stream(&target);
             self.unreachable.lock().expect("unreachable").retain(|(a, _)| a != address);
             self.dirty.lock().expect("dirty").remove(&info.store_id)
         };
