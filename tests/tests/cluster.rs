@@ -386,3 +386,47 @@ fn up_keeps_serving_when_its_output_cannot_be_written() {
     run_ok(fio_verify(&endpoint, "16M"));
     assert!(cluster.up_alive(), "up exited although only its log lines were lost");
 }
+
+fn condition(volume: &serde_json::Value, kind: &str) -> Option<String> {
+    let conditions = volume["status"]["conditions"].as_array()?;
+    let c = conditions.iter().find(|c| c["type"] == kind)?;
+    c["status"].as_str().map(str::to_string)
+}
+
+/// A volume whose replicas run out of space (a snapshot, taken with the
+/// engine's CLI, holds every block while the volume is overwritten) says so
+/// in its status: condition OutOfSpace, replicas not failed, reads go on;
+/// once space is back and a write lands, the condition clears.
+#[test]
+fn a_volume_out_of_space_says_so_and_keeps_its_replicas() {
+    require_tool("qemu-io", "qemu-utils");
+    let cluster = StandaloneCluster::start("up-nospace", 1, 22000, "1GiB");
+    cluster.cli(&["volume", "create", "v1", "--size", "64MiB", "--replicas", "1"]).expect("create");
+    let endpoint = cluster.cli(&["volume", "attach", "v1", "--node", "n-1"]).expect("attach").trim().to_string();
+    let qemu = |cmd: &str| run("qemu-io", &["-f", "raw", &endpoint, "-c", cmd]);
+    qemu("write -P 0x01 0 64M").expect("fill");
+    qemu("flush").expect("flush");
+    let engine = cluster.json(&["engine", "list"])[0]["status"]["address"].as_str().expect("engine").to_string();
+    engine_cli(&["snapshot", "create", "--engine", &engine, "s1"]).expect("snapshot");
+    // Overwrite MiB by MiB until the store refuses.
+    let full_at = (0..64).find(|mib| {
+        let out = qemu(&format!("write -P 0x02 {mib}M 1M"));
+        out.is_err() || out.as_ref().is_ok_and(|o| o.contains("failed"))
+    });
+    let full_at = full_at.expect("the store never filled up: the test did not reach its point");
+    cluster.wait(Duration::from_secs(30), "the volume says it is out of space", || {
+        condition(&cluster.volume("v1"), "OutOfSpace").as_deref() == Some("True")
+    });
+    let v = cluster.volume("v1");
+    assert_eq!(v["status"]["robustness"], "healthy", "no replica failed for lack of space: {v}");
+    qemu(&format!("read -P 0x02 0 {full_at}M")).expect("acknowledged overwrites read back");
+    if full_at + 1 < 64 {
+        qemu(&format!("read -P 0x01 {}M 1M", full_at + 1)).expect("blocks never overwritten read back");
+    }
+
+    engine_cli(&["snapshot", "delete", "--engine", &engine, "s1"]).expect("snapshot delete");
+    qemu(&format!("write -P 0x02 {full_at}M 1M")).expect("room again");
+    cluster.wait(Duration::from_secs(30), "the condition clears", || {
+        condition(&cluster.volume("v1"), "OutOfSpace").as_deref() == Some("False")
+    });
+}
