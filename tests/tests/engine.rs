@@ -243,6 +243,7 @@ fn snapshot_mid_stream_then_revert_on_every_replica() {
         .zip(at_snapshot[0][fio_range].chunks(4096))
         .filter(|(a, b)| a != b)
         .count();
+    assert!(differing > 0, "no fio write landed after the snapshot: it was not taken mid-stream");
     eprintln!("{differing} fio blocks were written after the snapshot and rolled back");
     let out = engine_cli(&["snapshot", "revert", "--engine", &c.engine().address, "nope"]).unwrap_err();
     assert!(out.contains("not found"), "{out}");
