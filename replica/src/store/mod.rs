@@ -314,22 +314,10 @@ impl Store {
             size_bytes: volume_size,
             map: BTreeMap::new(),
         };
-        Ok(Self::assemble(device, sb, vec![head], 2, alloc, Vec::new(), 0, FlushStamp::NONE, true))
+        Ok(Self::assemble(device, Meta::new(sb, vec![head], 2, alloc, Vec::new(), 0, FlushStamp::NONE, true)))
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn assemble(
-        device: Device,
-        sb: Superblock,
-        layers: Vec<Layer>,
-        next_layer_id: u64,
-        alloc: Allocator,
-        checkpoint_pbas: Vec<u64>,
-        revision: u64,
-        stamp: FlushStamp,
-        clean_at_open: bool,
-    ) -> Store {
-        let meta = Meta::new(sb, layers, next_layer_id, alloc, checkpoint_pbas, revision, stamp, clean_at_open);
+    fn assemble(device: Device, meta: Meta) -> Store {
         let faults = Arc::new(Faults::default());
         Store {
             device: RwLock::new(Arc::new(device.with_faults(faults.clone()))),
@@ -466,7 +454,7 @@ impl Store {
         );
         let clean = sb.clean;
         let next_layer_id = image.next_layer_id;
-        Ok(Self::assemble(device, sb, layers, next_layer_id, alloc, checkpoint_pbas, revision, stamp, clean))
+        Ok(Self::assemble(device, Meta::new(sb, layers, next_layer_id, alloc, checkpoint_pbas, revision, stamp, clean)))
     }
 
     fn device(&self) -> Arc<Device> {
