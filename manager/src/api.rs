@@ -54,6 +54,7 @@ pub fn router<D: Datastore>(store: D) -> Router {
         .route("/v1/volumes/{name}", get(get_volume::<D>).delete(delete_volume::<D>))
         .route("/v1/volumes/{name}/attach", post(attach::<D>))
         .route("/v1/volumes/{name}/detach", post(detach::<D>))
+        .route("/v1/volumes/{name}/update", post(update_volume::<D>))
         .route("/v1/nodes", get(list::<D, Node>))
         .route("/v1/replicas", get(list::<D, Replica>))
         .route("/v1/engines", get(list::<D, Engine>))
@@ -231,6 +232,41 @@ async fn detach<D: Datastore>(State(store): State<D>, Path(name): Path<String>) 
     let updated = update::<Volume, D>(&store, &name, |v| {
         let changed = !v.spec.node_id.is_empty();
         v.spec.node_id.clear();
+        changed
+    })
+    .await?
+    .ok_or_else(|| not_found("volume", &name))?;
+    reply(&updated)
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct UpdateVolume {
+    number_of_replicas: Option<u32>,
+}
+
+/// Changes what can change on an existing volume: its replica count (the
+/// controllers add or remove replicas while it is attached; a detached
+/// volume gets there at its next attach).
+async fn update_volume<D: Datastore>(
+    State(store): State<D>,
+    Path(name): Path<String>,
+    body: Result<Json<UpdateVolume>, axum::extract::rejection::JsonRejection>,
+) -> Reply {
+    let Json(body) = body.map_err(|e| bad(e.body_text()))?;
+    let Some(replicas) = body.number_of_replicas else {
+        return Err(bad("nothing to update: give numberOfReplicas"));
+    };
+    if !(1..=20).contains(&replicas) {
+        return Err(bad(format!("numberOfReplicas {replicas}: must be 1 to 20")));
+    }
+    let volume = store.get::<Volume>(&name).await?.ok_or_else(|| not_found("volume", &name))?;
+    if volume.metadata.deletion_timestamp.is_some() {
+        return Err(ApiError(StatusCode::CONFLICT, format!("volume {name} is being deleted")));
+    }
+    let updated = update::<Volume, D>(&store, &name, |v| {
+        let changed = v.spec.number_of_replicas != replicas;
+        v.spec.number_of_replicas = replicas;
         changed
     })
     .await?

@@ -1053,6 +1053,26 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
             }
             Action::Create => self.create_replacement(snapshot, volume, replicas).await,
             Action::Salvage { .. } => self.salvage(snapshot, volume, replicas, Some((engine, engine_address))).await,
+            Action::Remove { replica } => {
+                // Out of the engine first (it refuses to drop its last RW
+                // replica), then out of its view, then the process and data.
+                let r = replicas.iter().find(|r| r.name_any() == replica).expect("decided from these");
+                if let Some(address) = engine.spec.replica_address_map.get(&replica) {
+                    self.cluster.engine_replica_remove(engine_address, address).await?;
+                }
+                update::<Engine, D>(&self.store, &engine_name, |e| {
+                    e.spec.replica_address_map.remove(&replica).is_some()
+                })
+                .await
+                .map_err(ds)?;
+                self.delete_replica(snapshot, r).await?;
+                let message = format!(
+                    "removed replica {replica} on {}: {} replicas wanted",
+                    r.spec.node_id, volume.spec.number_of_replicas
+                );
+                events::record(&self.store, &name, Normal, "ReplicaRemoved", &message).await;
+                Ok(())
+            }
         }
     }
 

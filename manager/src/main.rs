@@ -122,6 +122,13 @@ enum VolumeCommand {
         #[arg(long, default_value_t = 120)]
         timeout_secs: u64,
     },
+    /// Change the replica count (replicas are added or removed while the
+    /// volume is attached).
+    Update {
+        name: String,
+        #[arg(long)]
+        replicas: u32,
+    },
     /// Delete the volume, its engine, replicas and their stores.
     Delete {
         name: String,
@@ -351,6 +358,16 @@ async fn drive(cli: Cli) -> Result<(), String> {
                         "{}",
                         if blockdev.is_empty() { s(&v["status"]["endpoint"]) } else { blockdev }
                     );
+                }
+                Ok(())
+            }
+            VolumeCommand::Update { name, replicas } => {
+                let body = json!({ "numberOfReplicas": replicas });
+                let v = call(api, "POST", &format!("/v1/volumes/{name}/update"), Some(&body)).await?;
+                if json_out {
+                    print_json(&v)
+                } else {
+                    ironhorn_proto::say!("volume {name}: {replicas} replicas wanted")
                 }
                 Ok(())
             }

@@ -12,7 +12,10 @@
 //! 3. A rebuild is running (a WO replica) → nothing more: rebuilds are
 //!    sequential per volume. Nor while the target node has reached its limit
 //!    of concurrent rebuilds.
-//! 4. Enough healthy replicas → nothing (only stale cleanup).
+//! 4. Enough healthy replicas → nothing (only stale cleanup). More healthy
+//!    replicas than wanted (the replica count was lowered) → remove one, a
+//!    replica on an unusable node or disk first, then by name; one per pass,
+//!    so the engine's view is current before the next.
 //! 5. Reuse a failed replica whose node and disk are usable and whose data
 //!    exists, most recently failed first, if its retry count is under the
 //!    maximum and its backoff has passed since it failed. If such a replica is
@@ -84,6 +87,11 @@ pub enum Action {
     /// Faulted: restart from these replicas (their data exists).
     Salvage {
         replicas: Vec<String>,
+    },
+    /// More healthy replicas than wanted: take this one out of the engine
+    /// and delete it with its data.
+    Remove {
+        replica: String,
     },
 }
 
@@ -159,6 +167,14 @@ fn decide_action(
         return Action::Wait(format!("replica {} is rebuilding; rebuilds are sequential", r.name));
     }
     let healthy = volume.replicas.iter().filter(|r| r.failed_at.is_none()).count();
+    if healthy > volume.desired {
+        let mut extra: Vec<&ReplicaView> =
+            volume.replicas.iter().filter(|r| r.failed_at.is_none() && r.mode.as_deref() == Some("RW")).collect();
+        if extra.len() > 1 {
+            extra.sort_by(|a, b| a.usable.cmp(&b.usable).then_with(|| b.name.cmp(&a.name)));
+            return Action::Remove { replica: extra[0].name.clone() };
+        }
+    }
     if healthy >= volume.desired {
         return Action::Nothing;
     }
@@ -385,5 +401,19 @@ mod tests {
             r.usable = false;
         }
         assert!(matches!(decide(&v, &policy(5)).action, Action::Wait(_)));
+    }
+
+    #[test]
+    fn a_lowered_replica_count_removes_one_healthy_replica_per_pass_unusable_first() {
+        let mut v = volume(vec![rw("r-a", "n-1"), rw("r-b", "n-2"), rw("r-c", "n-3")]);
+        v.desired = 1;
+        assert_eq!(decide(&v, &policy(0)).action, Action::Remove { replica: "r-c".into() });
+        v.replicas[0].usable = false;
+        assert_eq!(decide(&v, &policy(0)).action, Action::Remove { replica: "r-a".into() }, "unusable goes first");
+        // Never while a rebuild runs, never the last RW replica.
+        v.replicas = vec![rw("r-a", "n-1"), ReplicaView { mode: Some("WO".into()), ..rw("r-b", "n-2") }];
+        assert!(matches!(decide(&v, &policy(0)).action, Action::Wait(_)));
+        v.replicas = vec![rw("r-a", "n-1")];
+        assert_eq!(decide(&v, &policy(0)).action, Action::Nothing);
     }
 }

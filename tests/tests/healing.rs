@@ -3,6 +3,7 @@
 //! another node after the wait interval, bounded retries with growing gaps,
 //! stale-replica cleanup, and salvage from the newest replica.
 
+use std::collections::BTreeSet;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -484,4 +485,43 @@ fn write_quorum_comes_from_the_volume_or_the_setting_and_majority_refuses_lone_w
     assert!(refused.is_err(), "a majority volume acknowledged a write one replica of three took: {refused:?}");
     write_with_one_replica_left(&cluster, "one", &one).expect("quorum one writes with a single replica");
     qemu_io(&one, "read -P 0x77 0 64k").expect("and reads it back");
+}
+
+/// The replica count of an attached volume changes both ways: raised, the
+/// new replica is created and rebuilt; lowered, replicas are taken out of
+/// the engine and deleted with their data, one per pass. The data reads
+/// back the same throughout.
+#[test]
+fn the_replica_count_of_an_attached_volume_goes_up_and_down() {
+    let cluster = StandaloneCluster::start("heal-count", 3, 21500, "1GiB");
+    cluster.cli(&["volume", "create", "v1", "--size", "64MiB", "--replicas", "2"]).unwrap();
+    let endpoint = cluster.cli(&["volume", "attach", "v1", "--node", "n-1"]).unwrap().trim().to_string();
+    cluster.wait(Duration::from_secs(30), "volume healthy", || healthy(&cluster, "v1"));
+    qemu_io(&endpoint, "write -P 0x6b 0 16M").expect("write");
+    qemu_io(&endpoint, "flush").expect("flush");
+
+    cluster.cli(&["volume", "update", "v1", "--replicas", "3"]).expect("raise the count");
+    cluster.wait(Duration::from_secs(60), "a third replica, rebuilt and RW", || {
+        let modes = engine_status(&cluster, "v1")["replicas"].as_array().cloned().unwrap_or_default();
+        healthy(&cluster, "v1") && modes.iter().filter(|r| r["mode"] == "RW").count() == 3
+    });
+    let nodes: BTreeSet<String> =
+        cluster.replicas_of("v1").iter().map(|r| r["spec"]["nodeID"].as_str().unwrap().to_string()).collect();
+    assert_eq!(nodes.len(), 3, "one replica per node: {nodes:?}");
+    for _ in 0..3 {
+        qemu_io(&endpoint, "read -P 0x6b 0 16M").expect("every replica holds the data");
+    }
+
+    cluster.cli(&["volume", "update", "v1", "--replicas", "1"]).expect("lower the count");
+    cluster.wait(Duration::from_secs(60), "one replica left, its engine serving from it", || {
+        let modes = engine_status(&cluster, "v1")["replicas"].as_array().cloned().unwrap_or_default();
+        cluster.replicas_of("v1").len() == 1 && modes.len() == 1 && healthy(&cluster, "v1")
+    });
+    assert!(has_event(&cluster, "v1", "ReplicaRemoved", "1 replicas wanted"));
+    let lvs: usize = ["n-1", "n-2", "n-3"].iter().map(|n| cluster.lvs(n).len()).sum();
+    assert_eq!(lvs, 1, "the removed replicas' LVs are gone");
+    qemu_io(&endpoint, "read -P 0x6b 0 16M").expect("the data is still there");
+    qemu_io(&endpoint, "write -P 0x6c 16M 1M").expect("and the volume takes writes");
+    let bad = cluster.cli(&["volume", "update", "v1", "--replicas", "0"]).expect_err("0 replicas refused");
+    assert!(bad.contains("must be 1 to 20"), "{bad}");
 }
