@@ -55,6 +55,8 @@ pub fn router<D: Datastore>(store: D) -> Router {
         .route("/v1/volumes/{name}/attach", post(attach::<D>))
         .route("/v1/volumes/{name}/detach", post(detach::<D>))
         .route("/v1/volumes/{name}/update", post(update_volume::<D>))
+        .route("/v1/volumes/{name}/snapshots", get(list_snapshots::<D>).post(create_snapshot::<D>))
+        .route("/v1/volumes/{name}/snapshots/{snapshot}", axum::routing::delete(delete_snapshot::<D>))
         .route("/v1/nodes", get(list::<D, Node>))
         .route("/v1/replicas", get(list::<D, Replica>))
         .route("/v1/engines", get(list::<D, Engine>))
@@ -272,6 +274,77 @@ async fn update_volume<D: Datastore>(
     .await?
     .ok_or_else(|| not_found("volume", &name))?;
     reply(&updated)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreateSnapshot {
+    name: String,
+}
+
+/// A snapshot's object name: a DNS-1123 label (it is also the name the
+/// engine and the replicas store), not the engine's own rebuild prefix.
+fn valid_snapshot_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 63
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-')
+        && !name.starts_with("ironhorn-rebuild-")
+}
+
+/// Asks for a snapshot of the volume: the controller takes it through the
+/// engine while the volume is attached (status readyToUse says when). The
+/// same name for the same volume again is the same snapshot.
+async fn create_snapshot<D: Datastore>(
+    State(store): State<D>,
+    Path(volume): Path<String>,
+    body: Result<Json<CreateSnapshot>, axum::extract::rejection::JsonRejection>,
+) -> Reply {
+    let Json(body) = body.map_err(|e| bad(e.body_text()))?;
+    if !valid_snapshot_name(&body.name) {
+        return Err(bad(format!(
+            "snapshot name {:?}: use 1-63 lowercase letters, digits and '-' (not starting with ironhorn-rebuild-)",
+            body.name
+        )));
+    }
+    let v = store.get::<Volume>(&volume).await?.ok_or_else(|| not_found("volume", &volume))?;
+    if v.metadata.deletion_timestamp.is_some() {
+        return Err(ApiError(StatusCode::CONFLICT, format!("volume {volume} is being deleted")));
+    }
+    if let Some(existing) = store.get::<Snapshot>(&body.name).await? {
+        if existing.spec.volume != volume {
+            return Err(ApiError(
+                StatusCode::CONFLICT,
+                format!("snapshot {} already exists, of volume {}", body.name, existing.spec.volume),
+            ));
+        }
+        return reply(&existing);
+    }
+    let mut snapshot = Snapshot::new(&body.name, SnapshotSpec { volume: volume.clone() });
+    snapshot.metadata.finalizers = Some(vec![FINALIZER.to_string()]);
+    snapshot.status =
+        Some(SnapshotStatus { message: "waiting for the volume's engine to take it".into(), ..Default::default() });
+    reply(&store.create(&snapshot).await?)
+}
+
+async fn list_snapshots<D: Datastore>(State(store): State<D>, Path(volume): Path<String>) -> Reply {
+    if store.get::<Volume>(&volume).await?.is_none() {
+        return Err(not_found("volume", &volume));
+    }
+    let mut all: Vec<Snapshot> = store.list().await?;
+    all.retain(|s| s.spec.volume == volume);
+    reply(&all)
+}
+
+async fn delete_snapshot<D: Datastore>(State(store): State<D>, Path((volume, name)): Path<(String, String)>) -> Reply {
+    match store.get::<Snapshot>(&name).await? {
+        Some(s) if s.spec.volume == volume => {
+            store.delete::<Snapshot>(&name).await?;
+            Ok(Json(json!({ "deleting": name })))
+        }
+        _ => Err(not_found("snapshot", &name)),
+    }
 }
 
 #[derive(Deserialize)]

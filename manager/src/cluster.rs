@@ -35,6 +35,20 @@ pub trait Cluster: Clone + Send + Sync + 'static {
     fn engine_replica_add(&self, engine: &str, replica: &str) -> impl Future<Output = Result<(), String>> + Send;
     /// Takes a replica out of the engine; one it does not have is fine.
     fn engine_replica_remove(&self, engine: &str, replica: &str) -> impl Future<Output = Result<(), String>> + Send;
+    /// Takes, deletes (absent is fine) or lists the engine's snapshots;
+    /// answers the list after the operation.
+    fn engine_snapshot(
+        &self,
+        engine: &str,
+        op: SnapshotOp,
+    ) -> impl Future<Output = Result<Vec<ironhorn_proto::engine::Snapshot>, String>> + Send;
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SnapshotOp {
+    Create(String),
+    Delete(String),
+    List,
 }
 
 #[derive(Clone, Default)]
@@ -115,5 +129,23 @@ impl Cluster for GrpcCluster {
             Err(s) if s.code() == tonic::Code::NotFound => Ok(()),
             Err(s) => Err(status(engine, s)),
         }
+    }
+
+    async fn engine_snapshot(
+        &self,
+        engine: &str,
+        op: SnapshotOp,
+    ) -> Result<Vec<ironhorn_proto::engine::Snapshot>, String> {
+        use ironhorn_proto::engine::{SnapshotListRequest, SnapshotRequest};
+        let mut client = EngineClient::new(self.channel(engine)?);
+        let reply = match op {
+            SnapshotOp::Create(name) => client.snapshot_create(SnapshotRequest { name }).await,
+            SnapshotOp::Delete(name) => match client.snapshot_delete(SnapshotRequest { name }).await {
+                Err(s) if s.code() == tonic::Code::NotFound => client.snapshot_list(SnapshotListRequest {}).await,
+                other => other,
+            },
+            SnapshotOp::List => client.snapshot_list(SnapshotListRequest {}).await,
+        };
+        Ok(reply.map_err(|e| status(engine, e))?.into_inner().snapshots)
     }
 }

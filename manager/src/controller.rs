@@ -18,14 +18,14 @@ use ironhorn_proto::instance::{self as pb, InstanceState};
 use ironhorn_replica::store::default_store_bytes;
 use kube::ResourceExt;
 
-use crate::cluster::Cluster;
+use crate::cluster::{Cluster, SnapshotOp};
 use crate::crd::*;
 use crate::datastore::{self, Datastore, update, update_status};
 use crate::epoch;
 use crate::events::{self, Kind::*};
 use crate::replenish::{self, Action};
 use crate::scheduler::{self, DiskCandidate, Limits, Placed};
-use crate::settings;
+use crate::{settings, snapshots};
 
 pub const ENGINE_SUFFIX: &str = "-e";
 
@@ -66,6 +66,8 @@ pub struct Snapshot {
     pub volumes: Vec<Volume>,
     pub engines: Vec<Engine>,
     pub replicas: Vec<Replica>,
+    /// Snapshot objects (the CRD; this struct is the pass's snapshot).
+    pub snapshots: Vec<crate::crd::Snapshot>,
     pub settings: settings::Values,
 }
 
@@ -189,6 +191,7 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
             volumes: self.store.list().await.map_err(ds)?,
             engines: self.store.list().await.map_err(ds)?,
             replicas: self.store.list().await.map_err(ds)?,
+            snapshots: self.store.list().await.map_err(ds)?,
             settings: settings::Values::load(&self.store).await.map_err(ds)?,
         })
     }
@@ -741,6 +744,7 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
 
         if let Ok(engine_status) = &status {
             self.heal(snapshot, volume, engine, &instance.address, engine_status, replicas).await?;
+            self.reconcile_snapshots(snapshot, &name, &instance.address).await?;
         }
         let rw = modes.values().filter(|m| *m == "RW").count();
         let robustness = if status.is_err() {
@@ -806,6 +810,85 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
             set_condition(&mut s.conditions, "Attached", true, "", "", &now);
         })
         .await
+    }
+
+    /// Applies the volume's Snapshot objects to its running engine (see
+    /// `snapshots`).
+    async fn reconcile_snapshots(&self, snapshot: &Snapshot, volume: &str, engine: &str) -> Outcome {
+        let objects: Vec<&crate::crd::Snapshot> =
+            snapshot.snapshots.iter().filter(|s| s.spec.volume == volume).collect();
+        if objects.is_empty() {
+            return Ok(());
+        }
+        let held = |list: Vec<ironhorn_proto::engine::Snapshot>| -> snapshots::Held {
+            list.into_iter().map(|s| (s.name, (s.created_unix_ms, s.size_bytes))).collect()
+        };
+        let held = held(self.cluster.engine_snapshot(engine, SnapshotOp::List).await?);
+        let views: Vec<snapshots::Object> = objects
+            .iter()
+            .map(|s| snapshots::Object {
+                name: s.name_any(),
+                deleting: s.metadata.deletion_timestamp.is_some(),
+                ready: s.status.as_ref().is_some_and(|st| st.ready_to_use),
+            })
+            .collect();
+        for action in snapshots::decide(&views, &held) {
+            match action {
+                snapshots::Action::Take(name) => {
+                    match self.cluster.engine_snapshot(engine, SnapshotOp::Create(name.clone())).await {
+                        Ok(_) => {
+                            let message = format!("snapshot {name} taken");
+                            events::record(&self.store, volume, Normal, "SnapshotTaken", &message).await;
+                        }
+                        Err(e) => {
+                            update_status::<crate::crd::Snapshot, D>(&self.store, &name, |s| {
+                                let st = s.status.get_or_insert_default();
+                                let changed = st.message != e;
+                                st.message = e.clone();
+                                changed
+                            })
+                            .await
+                            .map_err(ds)?;
+                        }
+                    }
+                }
+                snapshots::Action::MarkReady { name, created_unix_ms, size } => {
+                    let created = jiff::Timestamp::from_millisecond(created_unix_ms as i64)
+                        .map(|t| t.to_string())
+                        .unwrap_or_default();
+                    update_status::<crate::crd::Snapshot, D>(&self.store, &name, |s| {
+                        let st = s.status.get_or_insert_default();
+                        st.ready_to_use = true;
+                        st.creation_time = created.clone();
+                        st.size = size;
+                        st.message.clear();
+                        true
+                    })
+                    .await
+                    .map_err(ds)?;
+                }
+                snapshots::Action::Delete(name) => {
+                    self.cluster.engine_snapshot(engine, SnapshotOp::Delete(name.clone())).await?;
+                    let message = format!("snapshot {name} deleted");
+                    events::record(&self.store, volume, Normal, "SnapshotDeleted", &message).await;
+                }
+                snapshots::Action::Release(name) => self.release_snapshot(&name).await?,
+            }
+        }
+        Ok(())
+    }
+
+    /// Lets a Snapshot object being deleted go (drops the finalizer).
+    async fn release_snapshot(&self, name: &str) -> Outcome {
+        update::<crate::crd::Snapshot, D>(&self.store, name, |s| {
+            let finalizers = s.metadata.finalizers.get_or_insert_default();
+            let before = finalizers.len();
+            finalizers.retain(|f| f != FINALIZER);
+            finalizers.len() != before
+        })
+        .await
+        .map(drop)
+        .map_err(ds)
     }
 
     /// Restores the replica count of an attached volume (see `replenish`).
@@ -1193,6 +1276,11 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
         }
         for replica in snapshot.replicas_of(&name) {
             self.delete_replica(snapshot, replica).await?;
+        }
+        // Its snapshots went with its replicas.
+        for s in snapshot.snapshots.iter().filter(|s| s.spec.volume == name) {
+            self.store.delete::<crate::crd::Snapshot>(&s.name_any()).await.map_err(ds)?;
+            self.release_snapshot(&s.name_any()).await?;
         }
         update::<Volume, D>(&self.store, &name, |v| {
             let finalizers = v.metadata.finalizers.get_or_insert_default();

@@ -370,10 +370,50 @@ pub struct SettingSpec {
     pub value: String,
 }
 
+/// A snapshot of a volume, taken by its engine at one point in the write
+/// stream on every replica. The object's name is the snapshot's name.
+#[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(group = "ironhorn.io", version = "v1alpha1", kind = "Snapshot", namespaced, status = "SnapshotStatus")]
+#[kube(
+    printcolumn = r#"{"name":"Volume","type":"string","jsonPath":".spec.volume"}"#,
+    printcolumn = r#"{"name":"Ready","type":"boolean","jsonPath":".status.readyToUse"}"#,
+    printcolumn = r#"{"name":"Size","type":"integer","jsonPath":".status.size"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct SnapshotSpec {
+    pub volume: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SnapshotStatus {
+    /// Taken on every replica of the volume.
+    #[serde(default)]
+    pub ready_to_use: bool,
+    /// When the engine took it (RFC 3339).
+    #[serde(default)]
+    pub creation_time: String,
+    /// The volume's size when it was taken.
+    #[serde(default)]
+    pub size: u64,
+    /// Why it is not ready (yet).
+    #[serde(default)]
+    pub message: String,
+}
+
 /// Every CRD, in the order `deploy/crds.yaml` lists them.
 pub fn all_crds() -> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> {
     use kube::CustomResourceExt;
-    vec![Volume::crd(), Engine::crd(), Replica::crd(), Node::crd(), InstanceManager::crd(), Setting::crd()]
+    vec![
+        Volume::crd(),
+        Engine::crd(),
+        Replica::crd(),
+        Node::crd(),
+        InstanceManager::crd(),
+        Setting::crd(),
+        Snapshot::crd(),
+    ]
 }
 
 /// `deploy/crds.yaml` as generated from the types.

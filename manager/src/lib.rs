@@ -14,6 +14,7 @@ pub mod metrics;
 pub mod replenish;
 pub mod scheduler;
 pub mod settings;
+pub mod snapshots;
 pub mod standalone;
 
 use std::net::SocketAddr;

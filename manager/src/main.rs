@@ -77,6 +77,24 @@ enum Command {
     Setting(SettingCommand),
     #[command(subcommand)]
     Event(EventCommand),
+    #[command(subcommand)]
+    Snapshot(SnapshotCommand),
+}
+
+#[derive(Subcommand)]
+enum SnapshotCommand {
+    /// Ask for a snapshot; the volume's engine takes it while attached.
+    Create {
+        volume: String,
+        name: String,
+    },
+    List {
+        volume: String,
+    },
+    Delete {
+        volume: String,
+        name: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -458,6 +476,42 @@ async fn drive(cli: Cli) -> Result<(), String> {
                     .map(|e| vec![s(&e["time"]), s(&e["volume"]), s(&e["type"]), s(&e["reason"]), s(&e["message"])])
                     .collect();
                 print_table(&["TIME", "VOLUME", "TYPE", "REASON", "MESSAGE"], rows);
+            }
+            Ok(())
+        }
+        Command::Snapshot(command) => {
+            let v = match command {
+                SnapshotCommand::Create { volume, name } => {
+                    let body = json!({ "name": name });
+                    call(api, "POST", &format!("/v1/volumes/{volume}/snapshots"), Some(&body)).await?
+                }
+                SnapshotCommand::List { volume } => {
+                    call(api, "GET", &format!("/v1/volumes/{volume}/snapshots"), None).await?
+                }
+                SnapshotCommand::Delete { volume, name } => {
+                    call(api, "DELETE", &format!("/v1/volumes/{volume}/snapshots/{name}"), None).await?
+                }
+            };
+            if json_out {
+                print_json(&v);
+            } else if v.is_array() || v.get("metadata").is_some() {
+                let items = if v.is_array() { v.as_array().cloned().unwrap_or_default() } else { vec![v] };
+                let rows = items
+                    .iter()
+                    .map(|i| {
+                        let st = &i["status"];
+                        vec![
+                            s(&i["metadata"]["name"]),
+                            s(&i["spec"]["volume"]),
+                            st["readyToUse"].as_bool().unwrap_or(false).to_string(),
+                            s(&st["creationTime"]),
+                            s(&st["message"]),
+                        ]
+                    })
+                    .collect();
+                print_table(&["NAME", "VOLUME", "READY", "CREATED", "MESSAGE"], rows);
+            } else {
+                ironhorn_proto::say!("{v}");
             }
             Ok(())
         }

@@ -18,7 +18,7 @@ fn deploy_crds_yaml_matches_the_types() {
 fn every_kind_is_in_group_ironhorn_io_with_printer_columns() {
     let crds = crd::all_crds();
     let kinds: Vec<_> = crds.iter().map(|c| c.spec.names.kind.clone()).collect();
-    assert_eq!(kinds, ["Volume", "Engine", "Replica", "Node", "InstanceManager", "Setting"]);
+    assert_eq!(kinds, ["Volume", "Engine", "Replica", "Node", "InstanceManager", "Setting", "Snapshot"]);
     for c in &crds {
         assert_eq!(c.spec.group, "ironhorn.io");
     }

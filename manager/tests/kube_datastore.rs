@@ -104,6 +104,14 @@ impl Cluster for NoProcesses {
     async fn engine_replica_add(&self, _: &str, _: &str) -> Result<(), String> {
         panic!("no engine exists")
     }
+    async fn engine_snapshot(
+        &self,
+        _: &str,
+        _: ironhorn_manager::cluster::SnapshotOp,
+    ) -> Result<Vec<ironhorn_proto::engine::Snapshot>, String> {
+        Err("no processes".into())
+    }
+
     async fn engine_replica_remove(&self, _: &str, _: &str) -> Result<(), String> {
         panic!("no engine exists")
     }
@@ -210,9 +218,10 @@ async fn create_status_conflict_retry_watch_reconcile_and_delete_make_exactly_th
     let mut line = serde_json::to_vec(&event).unwrap();
     line.push(b'\n');
     events_tx.send(Ok(Frame::data(Bytes::from(line)))).await.unwrap();
-    // The pass: a snapshot (nodes, volumes, engines, replicas, and the
-    // settings in one list: none set, so defaults), then the volume's status.
-    for kind in ["nodes", "volumes", "engines", "replicas", "settings"] {
+    // The pass: a snapshot (nodes, volumes, engines, replicas, snapshots,
+    // and the settings in one list: none set, so defaults), then the
+    // volume's status.
+    for kind in ["nodes", "volumes", "engines", "replicas", "snapshots", "settings"] {
         let items =
             if kind == "volumes" { vec![volume_json("6", 2, Some(json!({ "state": "detached" })))] } else { vec![] };
         let list_kind = format!("{}List", &kind[..1].to_uppercase()) + &kind[1..kind.len() - 1];

@@ -430,3 +430,59 @@ fn a_volume_out_of_space_says_so_and_keeps_its_replicas() {
         condition(&cluster.volume("v1"), "OutOfSpace").as_deref() == Some("False")
     });
 }
+
+fn snapshot_objects(cluster: &StandaloneCluster, volume: &str) -> Vec<serde_json::Value> {
+    cluster.json(&["snapshot", "list", volume]).as_array().cloned().unwrap_or_default()
+}
+
+fn snapshot_ready(cluster: &StandaloneCluster, volume: &str, name: &str) -> bool {
+    snapshot_objects(cluster, volume).iter().any(|s| s["metadata"]["name"] == name && s["status"]["readyToUse"] == true)
+}
+
+/// Volume snapshots through the manager: asked for while detached, taken at
+/// attach; asked for while attached, taken at once, on the engine; the same
+/// name again is the same snapshot, another volume's name or a bad name is
+/// refused; deleted through the API, gone from the engine; the volume's
+/// deletion takes its snapshots with it.
+#[test]
+fn snapshots_through_the_manager_are_taken_by_the_engine_and_deleted_there() {
+    let cluster = StandaloneCluster::start("up-snap", 1, 21000, "1GiB");
+    cluster.cli(&["volume", "create", "v1", "--size", "64MiB", "--replicas", "1"]).expect("create v1");
+    cluster.cli(&["volume", "create", "v2", "--size", "64MiB", "--replicas", "1"]).expect("create v2");
+    cluster.cli(&["snapshot", "create", "v1", "before-attach"]).expect("snapshot of a detached volume");
+    assert!(!snapshot_ready(&cluster, "v1", "before-attach"), "nothing can take it while detached");
+    let endpoint = cluster.cli(&["volume", "attach", "v1", "--node", "n-1"]).expect("attach").trim().to_string();
+    cluster.wait(Duration::from_secs(30), "the snapshot asked for while detached is taken", || {
+        snapshot_ready(&cluster, "v1", "before-attach")
+    });
+    run("qemu-io", &["-f", "raw", &endpoint, "-c", "write -P 0x11 0 1M"]).expect("write");
+    cluster.cli(&["snapshot", "create", "v1", "s1"]).expect("snapshot");
+    cluster.wait(Duration::from_secs(30), "s1 taken", || snapshot_ready(&cluster, "v1", "s1"));
+    let engine = cluster.json(&["engine", "list"])[0]["status"]["address"].as_str().expect("engine").to_string();
+    let on_engine = engine_cli(&["snapshot", "list", "--engine", &engine]).expect("engine snapshot list");
+    assert!(on_engine.contains("\"before-attach\"") && on_engine.contains("\"s1\""), "{on_engine}");
+
+    cluster.cli(&["snapshot", "create", "v1", "s1"]).expect("the same snapshot again is fine");
+    let taken = cluster.cli(&["snapshot", "create", "v2", "s1"]).expect_err("s1 belongs to v1");
+    assert!(taken.contains("already exists"), "{taken}");
+    let bad = cluster.cli(&["snapshot", "create", "v1", "Bad_Name"]).expect_err("bad name");
+    assert!(bad.contains("snapshot name"), "{bad}");
+    let unknown = cluster.cli(&["snapshot", "delete", "v1", "nope"]).expect_err("unknown snapshot");
+    assert!(unknown.contains("not found"), "{unknown}");
+
+    cluster.cli(&["snapshot", "delete", "v1", "s1"]).expect("delete");
+    cluster.wait(Duration::from_secs(30), "s1 gone from the API and the engine", || {
+        let objects = snapshot_objects(&cluster, "v1");
+        let on_engine = engine_cli(&["snapshot", "list", "--engine", &engine]).unwrap_or_default();
+        objects.iter().all(|s| s["metadata"]["name"] != "s1") && !on_engine.contains("\"s1\"")
+    });
+    run("qemu-io", &["-f", "raw", &endpoint, "-c", "read -P 0x11 0 1M"]).expect("data unchanged");
+
+    cluster.cli(&["volume", "delete", "v1"]).expect("delete the volume");
+    let left = cluster.http_get("/v1/volumes/v2/snapshots").expect("v2's snapshots");
+    assert_eq!(left.trim(), "[]", "v2 has none");
+    let all = cluster.cli(&["snapshot", "list", "v1"]).expect_err("v1 is gone");
+    assert!(all.contains("not found"), "{all}");
+    // Its snapshot objects went with it: their names are free again.
+    cluster.cli(&["snapshot", "create", "v2", "before-attach"]).expect("v1's snapshot names are free");
+}
