@@ -662,3 +662,50 @@ fn an_idle_engine_fails_a_replica_whose_process_died() {
     let out = run("qemu-io", &["-f", "raw", &c.uri(), "-c", "write -P 0x21 0 64k", "-c", "read -P 0x21 0 64k"]);
     assert!(out.is_ok_and(|o| !o.contains("failed")), "the volume serves on the replica left");
 }
+
+/// Drops every packet to one TCP port on this host while it lives (a
+/// partition with no reset: the peer just stops answering); the rule is
+/// removed by its exact spec.
+struct DropPort(u16);
+
+impl DropPort {
+    fn new(port: u16) -> DropPort {
+        require_tool("iptables", "iptables");
+        let port_s = port.to_string();
+        run("iptables", &["-I", "INPUT", "-p", "tcp", "--dport", &port_s, "-j", "DROP"]).expect("iptables insert");
+        DropPort(port)
+    }
+}
+
+impl Drop for DropPort {
+    fn drop(&mut self) {
+        let port = self.0.to_string();
+        let _ = run("iptables", &["-D", "INPUT", "-p", "tcp", "--dport", &port, "-j", "DROP"]);
+    }
+}
+
+/// A replica cut off without a reset (its packets dropped) while the volume
+/// is idle is failed by the engine's HTTP/2 keepalive within the replica
+/// timeout plus the ping interval, not at the next write; the volume goes on
+/// serving from the other replica.
+#[test]
+fn an_idle_engine_fails_a_replica_cut_off_by_the_network() {
+    let mut c = Cluster::new("eng-partition", 2);
+    c.start_engine(1, &["--replica-timeout", "2"]);
+    let victim = c.replicas[1].address.clone();
+    let port: u16 = victim.rsplit(':').next().unwrap().parse().unwrap();
+    assert_eq!(replica_modes(&engine_status(c.engine()))[&victim], "RW");
+    let _cut = DropPort::new(port);
+    let start = Instant::now();
+    loop {
+        let modes = replica_modes(&engine_status(c.engine()));
+        if modes[&victim] == "ERR" {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(20), "a cut-off replica still shows {modes:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!("cut-off replica failed after {:?}", start.elapsed());
+    let out = run("qemu-io", &["-f", "raw", &c.uri(), "-c", "write -P 0x31 0 64k", "-c", "read -P 0x31 0 64k"]);
+    assert!(out.is_ok_and(|o| !o.contains("failed")), "the volume serves on the replica left");
+}
