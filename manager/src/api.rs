@@ -101,6 +101,23 @@ struct CreateVolume {
     write_quorum: WriteQuorum,
 }
 
+fn check_replica_count(replicas: u32) -> Result<(), ApiError> {
+    if (1..=20).contains(&replicas) {
+        Ok(())
+    } else {
+        Err(bad(format!("numberOfReplicas {replicas}: must be 1 to 20")))
+    }
+}
+
+/// The volume named, when it exists and is not being deleted.
+async fn live_volume<D: Datastore>(store: &D, name: &str) -> Result<Volume, ApiError> {
+    let volume = store.get::<Volume>(name).await?.ok_or_else(|| not_found("volume", name))?;
+    if volume.metadata.deletion_timestamp.is_some() {
+        return Err(ApiError(StatusCode::CONFLICT, format!("volume {name} is being deleted")));
+    }
+    Ok(volume)
+}
+
 fn parse_size_value(size: &Value) -> Result<u64, ApiError> {
     let bytes = match size {
         Value::String(s) => ironhorn_proto::units::parse_size(s).map_err(bad)?,
@@ -129,9 +146,7 @@ async fn create_volume<D: Datastore>(
         Some(n) => n,
         None => settings::get_u64(&store, "default-replica-count").await? as u32,
     };
-    if !(1..=20).contains(&replicas) {
-        return Err(bad(format!("numberOfReplicas {replicas}: must be 1 to 20")));
-    }
+    check_replica_count(replicas)?;
     let mut volume = Volume::new(
         &body.name,
         VolumeSpec {
@@ -200,12 +215,9 @@ async fn attach<D: Datastore>(
     body: Result<Json<Attach>, axum::extract::rejection::JsonRejection>,
 ) -> Reply {
     let Json(body) = body.map_err(|e| bad(e.body_text()))?;
-    let volume = store.get::<Volume>(&name).await?.ok_or_else(|| not_found("volume", &name))?;
+    let volume = live_volume(&store, &name).await?;
     if store.get::<Node>(&body.node).await?.is_none() {
         return Err(not_found("node", &body.node));
-    }
-    if volume.metadata.deletion_timestamp.is_some() {
-        return Err(ApiError(StatusCode::CONFLICT, format!("volume {name} is being deleted")));
     }
     if !volume.spec.node_id.is_empty() && volume.spec.node_id != body.node {
         return Err(ApiError(
@@ -259,13 +271,8 @@ async fn update_volume<D: Datastore>(
     let Some(replicas) = body.number_of_replicas else {
         return Err(bad("nothing to update: give numberOfReplicas"));
     };
-    if !(1..=20).contains(&replicas) {
-        return Err(bad(format!("numberOfReplicas {replicas}: must be 1 to 20")));
-    }
-    let volume = store.get::<Volume>(&name).await?.ok_or_else(|| not_found("volume", &name))?;
-    if volume.metadata.deletion_timestamp.is_some() {
-        return Err(ApiError(StatusCode::CONFLICT, format!("volume {name} is being deleted")));
-    }
+    check_replica_count(replicas)?;
+    live_volume(&store, &name).await?;
     let updated = update::<Volume, D>(&store, &name, |v| {
         let changed = v.spec.number_of_replicas != replicas;
         v.spec.number_of_replicas = replicas;
@@ -308,10 +315,7 @@ async fn create_snapshot<D: Datastore>(
             body.name
         )));
     }
-    let v = store.get::<Volume>(&volume).await?.ok_or_else(|| not_found("volume", &volume))?;
-    if v.metadata.deletion_timestamp.is_some() {
-        return Err(ApiError(StatusCode::CONFLICT, format!("volume {volume} is being deleted")));
-    }
+    live_volume(&store, &volume).await?;
     if let Some(existing) = store.get::<Snapshot>(&body.name).await? {
         if existing.spec.volume != volume {
             return Err(ApiError(
