@@ -1,0 +1,324 @@
+//! The controllers: node, volume (with its engine and replicas) and instance
+//! manager. One loop reconciles everything, on every datastore change and on a
+//! timer; each pass reads a fresh snapshot (objects from the datastore,
+//! processes from every node's instance manager), decides, applies through
+//! [`Cluster`], then writes status. Nothing is assumed about why a pass ran,
+//! so a manager killed at any point and started again simply carries on: the
+//! processes it started are found in the instance managers' lists and kept.
+//!
+//! Fencing: an engine is started only after its Engine object holds an epoch
+//! higher than any it was started with before (written first, then the
+//! process is created), so two engines of a volume never share an epoch.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ironhorn_proto::instance::{self as pb, InstanceState};
+use ironhorn_replica::store::default_store_bytes;
+use kube::ResourceExt;
+
+use crate::cluster::{Cluster, SnapshotOp};
+use crate::crd::*;
+use crate::datastore::{self, Datastore, update, update_status};
+use crate::epoch;
+use crate::events::{self, Kind::*};
+use crate::replenish::{self, Action};
+use crate::scheduler::{self, DiskCandidate, Limits, Placed};
+use crate::{settings, snapshots};
+
+mod engine;
+mod heal;
+mod nodes;
+mod placement;
+mod replicas;
+mod volume_snapshots;
+
+pub const ENGINE_SUFFIX: &str = "-e";
+
+pub fn now() -> String {
+    jiff::Timestamp::now().to_string()
+}
+
+pub fn engine_name(volume: &str) -> String {
+    format!("{volume}{ENGINE_SUFFIX}")
+}
+
+fn state_name(state: i32) -> &'static str {
+    match InstanceState::try_from(state).unwrap_or(InstanceState::Unspecified) {
+        InstanceState::Starting => "starting",
+        InstanceState::Running => "running",
+        InstanceState::Stopping => "stopping",
+        InstanceState::Stopped => "stopped",
+        InstanceState::Error => "error",
+        InstanceState::Unspecified => "unknown",
+    }
+}
+
+/// The store of a replica named `replica` on a disk at `disk_path`.
+pub fn data_path(disk_path: &str, replica: &str) -> String {
+    match disk_path.strip_prefix("lvm:") {
+        Some(vg) => format!("lvm:{vg}/{replica}"),
+        None => format!("{}/{replica}.img", disk_path.trim_end_matches('/')),
+    }
+}
+
+/// What one pass sees.
+pub struct Snapshot {
+    pub nodes: Vec<Node>,
+    /// Node name → its instances, or the error reaching its instance manager.
+    pub instances: HashMap<String, Result<Vec<pb::Instance>, String>>,
+    /// (node, disk) → the disk's size, free space and stores, or the error.
+    pub disks: HashMap<(String, String), Result<pb::DiskStatusResponse, String>>,
+    pub volumes: Vec<Volume>,
+    pub engines: Vec<Engine>,
+    pub replicas: Vec<Replica>,
+    /// Snapshot objects (the CRD; this struct is the pass's snapshot).
+    pub snapshots: Vec<crate::crd::Snapshot>,
+    pub settings: settings::Values,
+}
+
+impl Snapshot {
+    fn node(&self, name: &str) -> Option<&Node> {
+        self.nodes.iter().find(|n| n.name_any() == name)
+    }
+
+    fn node_ready(&self, name: &str) -> bool {
+        matches!(self.instances.get(name), Some(Ok(_)))
+    }
+
+    fn instance(&self, node: &str, name: &str) -> Option<&pb::Instance> {
+        match self.instances.get(node) {
+            Some(Ok(list)) => list.iter().find(|i| i.name == name),
+            _ => None,
+        }
+    }
+
+    /// Node ready and schedulable, and the replica's disk ready and schedulable.
+    fn replica_usable(&self, replica: &Replica) -> bool {
+        let Some(node) = self.node(&replica.spec.node_id) else { return false };
+        let status = node.status.clone().unwrap_or_default();
+        let is_true = |c: &[Condition], t: &str| condition(c, t).is_some_and(|c| c.status == "True");
+        let disk = status.disk_status.get(&replica.spec.disk_id);
+        self.node_ready(&replica.spec.node_id)
+            && node.spec.allow_scheduling
+            && node.spec.disks.get(&replica.spec.disk_id).is_some_and(|d| d.allow_scheduling)
+            && disk.is_some_and(|d| is_true(&d.conditions, "Ready"))
+    }
+
+    /// Whether the replica's store exists; None when its node cannot say.
+    fn data_exists(&self, replica: &Replica) -> Option<bool> {
+        match self.disks.get(&(replica.spec.node_id.clone(), replica.spec.disk_id.clone()))? {
+            Ok(status) => Some(status.stores.contains(&replica.spec.data_path)),
+            Err(_) => None,
+        }
+    }
+
+    fn replicas_of(&self, volume: &str) -> Vec<&Replica> {
+        self.replicas.iter().filter(|r| r.spec.volume_name == volume).collect()
+    }
+}
+
+#[derive(Clone)]
+pub struct Controller<D: Datastore, C: Cluster> {
+    pub store: D,
+    pub cluster: C,
+    /// Volume → since when its engine's report has disagreed with the
+    /// replica set it was given (in memory: a restart just waits afresh).
+    view_stale_since: Arc<Mutex<HashMap<String, std::time::Instant>>>,
+}
+
+/// How long an engine may disagree with the replica set it was given before
+/// the missing replicas are taken as failed (a `replica add` that failed
+/// before the replica ever showed up).
+const VIEW_STALE_LIMIT: Duration = Duration::from_secs(30);
+
+type Outcome = Result<(), String>;
+
+fn ds(e: datastore::Error) -> String {
+    e.to_string()
+}
+
+impl<D: Datastore, C: Cluster> Controller<D, C> {
+    pub fn new(store: D, cluster: C) -> Self {
+        Self { store, cluster, view_stale_since: Arc::default() }
+    }
+
+    /// Reconciles until `stop` resolves: on every change, and at least every
+    /// `resync`.
+    pub async fn run(&self, resync: Duration, stop: impl std::future::Future<Output = ()>) {
+        let mut volumes = self.store.watch::<Volume>().await.ok();
+        let mut nodes = self.store.watch::<Node>().await.ok();
+        let mut stop = std::pin::pin!(stop);
+        loop {
+            if let Err(e) = self.reconcile_all().await {
+                tracing::warn!(error = %e, "reconcile pass failed");
+            }
+            let changed = async {
+                match (&mut volumes, &mut nodes) {
+                    (Some(v), Some(n)) => {
+                        tokio::select! { _ = v.recv() => {}, _ = n.recv() => {} }
+                    }
+                    _ => std::future::pending::<()>().await,
+                }
+            };
+            tokio::select! {
+                _ = &mut stop => return,
+                _ = tokio::time::sleep(resync) => {}
+                _ = changed => {
+                    // Let a burst of changes settle into one pass.
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    if let Some(v) = &mut volumes { while v.try_recv().is_ok() {} }
+                    if let Some(n) = &mut nodes { while n.try_recv().is_ok() {} }
+                }
+            }
+        }
+    }
+
+    pub async fn snapshot(&self) -> Result<Snapshot, String> {
+        let nodes: Vec<Node> = self.store.list().await.map_err(ds)?;
+        let mut instances = HashMap::new();
+        let mut disks = HashMap::new();
+        for node in &nodes {
+            let im = &node.spec.instance_manager_address;
+            let list = self.cluster.instances(im).await;
+            for (disk_name, disk) in &node.spec.disks {
+                let status = match &list {
+                    Ok(_) => self.cluster.disk_status(im, &disk.path).await,
+                    Err(e) => Err(e.clone()),
+                };
+                disks.insert((node.name_any(), disk_name.clone()), status);
+            }
+            instances.insert(node.name_any(), list);
+        }
+        Ok(Snapshot {
+            nodes,
+            instances,
+            disks,
+            volumes: self.store.list().await.map_err(ds)?,
+            engines: self.store.list().await.map_err(ds)?,
+            replicas: self.store.list().await.map_err(ds)?,
+            snapshots: self.store.list().await.map_err(ds)?,
+            settings: settings::Values::load(&self.store).await.map_err(ds)?,
+        })
+    }
+
+    pub async fn reconcile_all(&self) -> Outcome {
+        let snapshot = self.snapshot().await?;
+        for node in &snapshot.nodes {
+            if let Err(e) = self.reconcile_node(&snapshot, node).await {
+                tracing::warn!(node = %node.name_any(), error = %e, "node reconcile failed");
+            }
+        }
+        for volume in &snapshot.volumes {
+            if let Err(e) = self.reconcile_volume(&snapshot, volume).await {
+                tracing::warn!(volume = %volume.name_any(), error = %e, "volume reconcile failed");
+            }
+        }
+        Ok(())
+    }
+
+    // ---------------------------------------------------------------- nodes
+
+    async fn set_volume_status(&self, name: &str, change: impl Fn(&mut VolumeStatus)) -> Outcome {
+        update_status::<Volume, D>(&self.store, name, |v| {
+            let status = v.status.get_or_insert_default();
+            let before = status.clone();
+            change(status);
+            *status != before
+        })
+        .await
+        .map(drop)
+        .map_err(ds)
+    }
+
+    async fn reconcile_volume(&self, snapshot: &Snapshot, volume: &Volume) -> Outcome {
+        let name = volume.name_any();
+        if volume.metadata.deletion_timestamp.is_some() {
+            return self.delete_volume(snapshot, volume).await;
+        }
+        // However the Volume was created (REST, kubectl, the CSI driver), its
+        // deletion must wait for its engine, replicas and LVs to be removed.
+        if !volume.finalizers().iter().any(|f| f == FINALIZER) {
+            update::<Volume, D>(&self.store, &name, |v| {
+                let finalizers = v.metadata.finalizers.get_or_insert_default();
+                let missing = v.metadata.deletion_timestamp.is_none() && !finalizers.iter().any(|f| f == FINALIZER);
+                if missing {
+                    finalizers.push(FINALIZER.to_string());
+                }
+                missing
+            })
+            .await
+            .map_err(ds)?;
+        }
+        let replicas = snapshot.replicas_of(&name);
+        if replicas.is_empty() {
+            return self.schedule_new_volume(snapshot, volume).await;
+        }
+        // Each replica's process runs while its volume exists.
+        for replica in &replicas {
+            self.reconcile_replica(snapshot, replica).await?;
+        }
+        self.reconcile_engine(snapshot, volume, &replicas).await
+    }
+
+    async fn delete_volume(&self, snapshot: &Snapshot, volume: &Volume) -> Outcome {
+        let name = volume.name_any();
+        self.set_volume_status(&name, |s| s.state = "deleting".into()).await?;
+        let engine_name = engine_name(&name);
+        if let Some(engine) = snapshot.engines.iter().find(|e| e.name_any() == engine_name) {
+            if let Some(node) = snapshot.node(&engine.spec.node_id)
+                && snapshot.instance(&engine.spec.node_id, &engine_name).is_some()
+            {
+                self.cluster.delete_instance(&node.spec.instance_manager_address, &engine_name, false).await?;
+            }
+            self.store.delete::<Engine>(&engine_name).await.map_err(ds)?;
+        }
+        for replica in snapshot.replicas_of(&name) {
+            self.delete_replica(snapshot, replica).await?;
+        }
+        // Its snapshots went with its replicas.
+        for s in snapshot.snapshots.iter().filter(|s| s.spec.volume == name) {
+            self.store.delete::<crate::crd::Snapshot>(&s.name_any()).await.map_err(ds)?;
+            self.release_snapshot(&s.name_any()).await?;
+        }
+        update::<Volume, D>(&self.store, &name, |v| {
+            let finalizers = v.metadata.finalizers.get_or_insert_default();
+            let before = finalizers.len();
+            finalizers.retain(|f| f != FINALIZER);
+            finalizers.len() != before
+        })
+        .await
+        .map_err(ds)?;
+        tracing::info!(volume = %name, "volume deleted");
+        Ok(())
+    }
+}
+
+/// A disk's (maximum, available) bytes: its source's, or within its cap.
+pub fn disk_capacity(reply: &pb::DiskStatusResponse, cap: u64) -> (u64, u64) {
+    if cap == 0 || cap >= reply.total_bytes {
+        return (reply.total_bytes, reply.free_bytes);
+    }
+    (cap, reply.free_bytes.min(cap.saturating_sub(reply.stores_bytes)))
+}
+
+/// The instance that serves a replica: its store, its size.
+fn replica_instance_request(replica: &Replica) -> pb::CreateRequest {
+    pb::CreateRequest {
+        name: replica.name_any(),
+        spec: Some(pb::create_request::Spec::Replica(pb::ReplicaSpec {
+            store: replica.spec.data_path.clone(),
+            size_bytes: replica.spec.volume_size,
+        })),
+    }
+}
+
+/// Four hex digits, different on every call in practice.
+fn short_id() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = jiff::Timestamp::now().as_nanosecond() as u64 ^ COUNTER.fetch_add(0x9e37_79b9, Ordering::Relaxed);
+    let mixed = n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    format!("{:04x}", (mixed >> 48) as u16)
+}

@@ -1,0 +1,101 @@
+//! Replica processes and objects: started while their volume exists,
+//! marked failed, restarted on their store, deleted with their data.
+
+use super::*;
+
+impl<D: Datastore, C: Cluster> Controller<D, C> {
+    pub(super) async fn reconcile_replica(&self, snapshot: &Snapshot, replica: &Replica) -> Outcome {
+        let name = replica.name_any();
+        let Some(node) = snapshot.node(&replica.spec.node_id) else {
+            return self.set_replica_state(&name, "unknown", "", "node not found").await;
+        };
+        if !snapshot.node_ready(&replica.spec.node_id) {
+            return self.set_replica_state(&name, "unknown", "", "node unreachable").await;
+        }
+        let im = &node.spec.instance_manager_address;
+        let instance = snapshot.instance(&replica.spec.node_id, &name);
+        let failed = !replica.spec.failed_at.is_empty();
+        match instance {
+            Some(i) if i.state == InstanceState::Error as i32 => {
+                // Reported, never restarted here behind the engine's back:
+                // the replica is marked failed; healing decides what next.
+                if !failed {
+                    self.mark_replica_failed(&name).await?;
+                    let message = format!("replica {name} failed: its process {}", i.error_message);
+                    events::record(&self.store, &replica.spec.volume_name, Warning, "ReplicaFailed", &message).await;
+                }
+                self.set_replica_state(&name, "error", "", &i.error_message).await
+            }
+            Some(i) => self.set_replica_state(&name, state_name(i.state), &i.address, "").await,
+            None if failed => self.set_replica_state(&name, "stopped", "", "").await,
+            None => {
+                let created = self.cluster.create_instance(im, replica_instance_request(replica)).await?;
+                tracing::info!(replica = %name, node = %replica.spec.node_id, store = %replica.spec.data_path, "replica started");
+                self.set_replica_state(&name, state_name(created.state), &created.address, "").await
+            }
+        }
+    }
+
+    pub(super) async fn mark_replica_failed(&self, name: &str) -> Outcome {
+        let now = now();
+        update::<Replica, D>(&self.store, name, |r| {
+            if !r.spec.failed_at.is_empty() {
+                return false;
+            }
+            r.spec.failed_at = now.clone();
+            true
+        })
+        .await
+        .map(drop)
+        .map_err(ds)
+    }
+
+    pub(super) async fn set_replica_state(&self, name: &str, state: &str, address: &str, error: &str) -> Outcome {
+        update_status::<Replica, D>(&self.store, name, |r| {
+            let s = r.status.get_or_insert_default();
+            let changed = s.current_state != state || s.address != address || s.error != error;
+            s.current_state = state.to_string();
+            s.address = address.to_string();
+            s.error = error.to_string();
+            changed
+        })
+        .await
+        .map(drop)
+        .map_err(ds)
+    }
+
+    /// Starts a replica's process again on its old store (data kept).
+    pub(super) async fn restart_replica_instance(&self, snapshot: &Snapshot, replica: &Replica) -> Outcome {
+        let name = replica.name_any();
+        let node = snapshot.node(&replica.spec.node_id).ok_or("replica's node vanished")?;
+        let im = &node.spec.instance_manager_address;
+        if let Some(i) = snapshot.instance(&replica.spec.node_id, &name) {
+            if matches!(InstanceState::try_from(i.state), Ok(InstanceState::Running | InstanceState::Starting)) {
+                return Ok(());
+            }
+            self.cluster.delete_instance(im, &name, false).await?;
+        }
+        self.cluster.create_instance(im, replica_instance_request(replica)).await.map(drop)
+    }
+
+    /// Stops a replica's process and removes its store, then its object.
+    pub async fn delete_replica(&self, snapshot: &Snapshot, replica: &Replica) -> Outcome {
+        let name = replica.name_any();
+        let node = snapshot.node(&replica.spec.node_id).ok_or_else(|| format!("replica {name}: node not found"))?;
+        if !snapshot.node_ready(&replica.spec.node_id) {
+            return Err(format!(
+                "replica {name}: node {} unreachable; its store stays until it is back",
+                replica.spec.node_id
+            ));
+        }
+        let im = &node.spec.instance_manager_address;
+        if snapshot.instance(&replica.spec.node_id, &name).is_some() {
+            self.cluster.delete_instance(im, &name, true).await?;
+        } else {
+            self.cluster.delete_store(im, &replica.spec.data_path).await?;
+        }
+        self.store.delete::<Replica>(&name).await.map_err(ds)?;
+        tracing::info!(replica = %name, store = %replica.spec.data_path, "replica and its store deleted");
+        Ok(())
+    }
+}
