@@ -1,6 +1,6 @@
 //! Compiles the .proto files with protox (pure Rust, no protoc binary needed).
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let files = ["proto/replica.proto", "proto/engine.proto", "proto/instance.proto"];
+    let files = ["proto/replica.proto", "proto/engine.proto", "proto/instance.proto", "proto/csi.proto"];
     for file in files {
         println!("cargo:rerun-if-changed={file}");
     }

@@ -13,7 +13,7 @@ fi
 declare -A needs=(
   [lvcreate]=lvm2 [fio]=fio [qemu-io]=qemu-utils [nbdinfo]=libnbd-bin [nbdkit]=nbdkit
   [fusermount3]=fuse3 [mkfs.ext4]=e2fsprogs [mkfs.xfs]=xfsprogs [ip]=iproute2 [iptables]=iptables
-  [losetup]=mount
+  [losetup]=mount [blkid]=util-linux [findmnt]=util-linux [mountpoint]=util-linux
 )
 missing=()
 for tool in "${!needs[@]}"; do

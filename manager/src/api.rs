@@ -57,6 +57,8 @@ pub fn router<D: Datastore>(store: D) -> Router {
         .route("/v1/volumes/{name}/update", post(update_volume::<D>))
         .route("/v1/volumes/{name}/snapshots", get(list_snapshots::<D>).post(create_snapshot::<D>))
         .route("/v1/volumes/{name}/snapshots/{snapshot}", axum::routing::delete(delete_snapshot::<D>))
+        .route("/v1/snapshots", get(list::<D, Snapshot>))
+        .route("/v1/capacity", get(capacity::<D>))
         .route("/v1/nodes", get(list::<D, Node>))
         .route("/v1/replicas", get(list::<D, Replica>))
         .route("/v1/engines", get(list::<D, Engine>))
@@ -349,6 +351,53 @@ async fn delete_snapshot<D: Datastore>(State(store): State<D>, Path((volume, nam
         }
         _ => Err(not_found("snapshot", &name)),
     }
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct CapacityQuery {
+    /// One node's disks; none: every node's.
+    node: Option<String>,
+    /// Comma-separated tags, as a volume's selectors.
+    node_selector: Option<String>,
+    disk_selector: Option<String>,
+}
+
+fn tags(list: &Option<String>) -> Vec<String> {
+    list.as_deref().unwrap_or_default().split(',').filter(|t| !t.is_empty()).map(str::to_string).collect()
+}
+
+/// The largest volume one replica of which the scheduler could still place
+/// (on the node named, or anywhere), from the nodes' reported disks.
+async fn capacity<D: Datastore>(
+    State(store): State<D>,
+    query: Result<axum::extract::Query<CapacityQuery>, axum::extract::rejection::QueryRejection>,
+) -> Reply {
+    let axum::extract::Query(query) = query.map_err(|e| bad(e.body_text()))?;
+    let mut nodes: Vec<Node> = store.list().await?;
+    if let Some(name) = &query.node {
+        nodes.retain(|n| n.metadata.name.as_deref() == Some(name.as_str()));
+        if nodes.is_empty() {
+            return Err(not_found("node", name));
+        }
+    }
+    let replicas: Vec<Replica> = store.list().await?;
+    let values = settings::Values::load(&store).await?;
+    let ready = |name: &str| {
+        nodes.iter().any(|n| {
+            n.metadata.name.as_deref() == Some(name)
+                && n.status.as_ref().and_then(|s| condition(&s.conditions, "Ready")).is_some_and(|c| c.status == "True")
+        })
+    };
+    let candidates = crate::controller::disk_candidates(&nodes, &replicas, ready);
+    let size = crate::scheduler::largest_volume(
+        &candidates,
+        &tags(&query.node_selector),
+        &tags(&query.disk_selector),
+        crate::controller::limits(&values),
+        ironhorn_replica::store::default_store_bytes,
+    );
+    Ok(Json(json!({ "maximumVolumeSize": size })))
 }
 
 #[derive(Deserialize)]

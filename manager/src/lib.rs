@@ -7,6 +7,7 @@ pub mod client;
 pub mod cluster;
 pub mod controller;
 pub mod crd;
+pub mod csi;
 pub mod datastore;
 pub mod epoch;
 pub mod events;

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use ironhorn_manager::client::call;
+use ironhorn_manager::client::{call, wait_for};
 use ironhorn_manager::{cluster::GrpcCluster, crd, standalone};
 use serde_json::{Value, json};
 
@@ -65,6 +65,21 @@ enum Command {
     },
     /// Print the CRDs (what deploy/crds.yaml holds).
     Crds,
+    /// Serve the CSI driver (driver.ironhorn.io) on a unix socket.
+    Csi {
+        /// unix:///PATH/csi.sock
+        #[arg(long)]
+        endpoint: String,
+        /// This node's name (the manager's Node object); required unless
+        /// --mode controller.
+        #[arg(long, default_value = "")]
+        node_id: String,
+        #[arg(long, value_enum, default_value_t = ironhorn_manager::csi::Mode::All)]
+        mode: ironhorn_manager::csi::Mode,
+        /// Where ephemeral inline volumes are staged on this node.
+        #[arg(long, default_value = "/var/lib/ironhorn-csi")]
+        state_dir: std::path::PathBuf,
+    },
     #[command(subcommand)]
     Volume(VolumeCommand),
     #[command(subcommand)]
@@ -248,30 +263,6 @@ fn volume_rows(volumes: &[Value]) -> Vec<Vec<String>> {
 
 const VOLUME_HEADERS: [&str; 8] = ["NAME", "STATE", "ROBUSTNESS", "SIZE", "REPLICAS", "NODE", "ENDPOINT", "MESSAGE"];
 
-async fn wait_for(
-    api: &str,
-    name: &str,
-    timeout: Duration,
-    done: impl Fn(Option<&Value>) -> bool,
-) -> Result<Option<Value>, String> {
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        let volume = match call(api, "GET", &format!("/v1/volumes/{name}"), None).await {
-            Ok(v) => Some(v),
-            Err(e) if e.contains("not found") => None,
-            Err(e) => return Err(e),
-        };
-        if done(volume.as_ref()) {
-            return Ok(volume);
-        }
-        if tokio::time::Instant::now() >= deadline {
-            let state = volume.map(|v| s(&v["status"]["state"])).unwrap_or_else(|| "gone".into());
-            return Err(format!("volume {name}: still {state} after {}s", timeout.as_secs()));
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-}
-
 /// GETs a list and prints it as JSON or as a table of (header, dotted path).
 async fn list_objects(api: &str, path: &str, json_out: bool, columns: &[(&str, &str)]) -> Result<(), String> {
     let v = call(api, "GET", path, None).await?;
@@ -318,6 +309,10 @@ async fn drive(cli: Cli) -> Result<(), String> {
         Command::Crds => {
             print!("{}", crd::crds_yaml());
             Ok(())
+        }
+        Command::Csi { endpoint, node_id, mode, state_dir } => {
+            let config = ironhorn_manager::csi::Config { endpoint, node_id, mode, api: api.to_string(), state_dir };
+            ironhorn_manager::csi::serve(config).await
         }
         Command::Volume(command) => match command {
             VolumeCommand::Create { name, size, replicas, frontend, write_quorum } => {

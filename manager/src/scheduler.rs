@@ -205,6 +205,40 @@ pub fn schedule_replicas(
     Ok(chosen)
 }
 
+/// The largest volume (a multiple of 4096 bytes) one replica of which could
+/// still be placed on some disk of `candidates` that is ready, schedulable
+/// and carries the tags, where `store_bytes(size)` is what the replica's
+/// store takes on the disk for a volume of `size` (monotonic). 0: none.
+/// What CSI's GetCapacity reports for a node or the whole cluster.
+pub fn largest_volume(
+    candidates: &[DiskCandidate],
+    node_selector: &[String],
+    disk_selector: &[String],
+    limits: Limits,
+    store_bytes: impl Fn(u64) -> u64,
+) -> u64 {
+    const BLOCK: u64 = 4096;
+    candidates
+        .iter()
+        .filter(|c| c.node_ready && c.node_allow_scheduling && c.disk_ready && c.disk_allow_scheduling)
+        .filter(|c| has_tags(&c.node_tags, node_selector) && has_tags(&c.disk_tags, disk_selector))
+        .map(|c| {
+            // Binary search over block counts: fits(store_bytes(n·BLOCK)).
+            let (mut lo, mut hi) = (0u64, c.maximum / BLOCK + 1);
+            while lo + 1 < hi {
+                let mid = lo + (hi - lo) / 2;
+                if fits(c, store_bytes(mid * BLOCK), limits) {
+                    lo = mid;
+                } else {
+                    hi = mid;
+                }
+            }
+            lo * BLOCK
+        })
+        .max()
+        .unwrap_or(0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -425,5 +459,27 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn the_largest_volume_is_the_biggest_that_still_fits_and_one_block_more_does_not() {
+        let gib = 1u64 << 30;
+        let mut small = disk("n-1", "", gib, gib);
+        small.scheduled = gib / 4;
+        let big = disk("n-2", "", 4 * gib, 4 * gib);
+        let limits = Limits::default();
+        let store = |size: u64| size + size / 4 + (8 << 20);
+        let both = largest_volume(&[small.clone(), big.clone()], &[], &[], limits, store);
+        let on_small = largest_volume(std::slice::from_ref(&small), &[], &[], limits, store);
+        assert_eq!(both, largest_volume(std::slice::from_ref(&big), &[], &[], limits, store));
+        for (c, size) in [(&small, on_small), (&big, both)] {
+            assert!(size > 0 && size % 4096 == 0);
+            assert!(fits(c, store(size), limits), "{size} fits");
+            assert!(!fits(c, store(size + 4096), limits), "{size} + 4096 does not");
+        }
+        let mut not_ready = big;
+        not_ready.node_ready = false;
+        assert_eq!(largest_volume(&[not_ready], &[], &[], limits, store), 0);
+        assert_eq!(largest_volume(&[small], &["ssd".into()], &[], limits, store), 0, "tags");
     }
 }

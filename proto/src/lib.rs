@@ -13,6 +13,11 @@ pub mod instance {
     tonic::include_proto!("ironhorn.instance.v1");
 }
 
+/// The Container Storage Interface (package `csi.v1`).
+pub mod csi {
+    tonic::include_proto!("csi.v1");
+}
+
 pub mod say {
     //! Lines for the operator on stdout or stderr that never stop a process:
     //! `println!` panics when the write fails (a full disk under the log

@@ -856,3 +856,20 @@ pub fn wait_for_writes_in_flight(engine: &str, io: &mut std::process::Child, mor
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// A gRPC channel over a unix socket (a CSI plugin's endpoint), the way
+/// the kubelet and the sidecars reach it.
+pub async fn unix_channel(socket: &Path) -> Channel {
+    let path = socket.to_path_buf();
+    tonic::transport::Endpoint::try_from("http://csi.invalid")
+        .expect("endpoint")
+        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+            let path = path.clone();
+            async move {
+                let stream = tokio::net::UnixStream::connect(path).await?;
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
+            }
+        }))
+        .await
+        .unwrap_or_else(|e| panic!("connect to {}: {e}", socket.display()))
+}

@@ -288,7 +288,7 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
             })
             .collect();
         let request = Self::scheduling_request(&snapshot.settings, volume, placed);
-        let limits = Self::limits(&snapshot.settings);
+        let limits = limits(&snapshot.settings);
         let now = now();
         match scheduler::schedule_replica(&request, &Self::candidates(snapshot), limits) {
             Err(why) => {

@@ -34,6 +34,8 @@ mod placement;
 mod replicas;
 mod volume_snapshots;
 
+pub use placement::{disk_candidates, limits};
+
 pub const ENGINE_SUFFIX: &str = "-e";
 
 pub fn now() -> String {

@@ -3,44 +3,51 @@
 
 use super::*;
 
-impl<D: Datastore, C: Cluster> Controller<D, C> {
-    pub(super) fn limits(settings: &settings::Values) -> Limits {
-        Limits {
-            over_provisioning_percentage: settings.u64("storage-over-provisioning-percentage"),
-            minimal_available_percentage: settings.u64("storage-minimal-available-percentage"),
+/// The space limits the settings give the scheduler.
+pub fn limits(settings: &settings::Values) -> Limits {
+    Limits {
+        over_provisioning_percentage: settings.u64("storage-over-provisioning-percentage"),
+        minimal_available_percentage: settings.u64("storage-minimal-available-percentage"),
+    }
+}
+
+/// Every node's disks as the scheduler sees them, given which nodes are
+/// ready (a pass asks the instance managers; the API reads the nodes'
+/// Ready conditions).
+pub fn disk_candidates(nodes: &[Node], replicas: &[Replica], node_ready: impl Fn(&str) -> bool) -> Vec<DiskCandidate> {
+    let mut out = Vec::new();
+    for node in nodes {
+        let name = node.name_any();
+        let status = node.status.clone().unwrap_or_default();
+        let ready = node_ready(&name);
+        for (disk_name, disk) in &node.spec.disks {
+            let ds = status.disk_status.get(disk_name).cloned().unwrap_or_default();
+            let disk_ready = condition(&ds.conditions, "Ready").is_some_and(|c| c.status == "True");
+            let scheduled = replicas.iter().filter(|r| r.spec.node_id == name && r.spec.disk_id == *disk_name);
+            out.push(DiskCandidate {
+                node: name.clone(),
+                disk: disk_name.clone(),
+                zone: status.zone.clone(),
+                node_ready: ready,
+                node_allow_scheduling: node.spec.allow_scheduling,
+                disk_ready,
+                disk_allow_scheduling: disk.allow_scheduling,
+                node_tags: node.spec.tags.clone(),
+                disk_tags: disk.tags.clone(),
+                maximum: ds.storage_maximum,
+                available: ds.storage_available,
+                reserved: disk.storage_reserved,
+                scheduled: scheduled.map(|r| default_store_bytes(r.spec.volume_size)).sum(),
+            });
         }
     }
+    out
+}
 
+impl<D: Datastore, C: Cluster> Controller<D, C> {
     /// Disks as the scheduler sees them.
     pub fn candidates(snapshot: &Snapshot) -> Vec<DiskCandidate> {
-        let mut out = Vec::new();
-        for node in &snapshot.nodes {
-            let name = node.name_any();
-            let status = node.status.clone().unwrap_or_default();
-            let ready = snapshot.node_ready(&name);
-            for (disk_name, disk) in &node.spec.disks {
-                let ds = status.disk_status.get(disk_name).cloned().unwrap_or_default();
-                let disk_ready = condition(&ds.conditions, "Ready").is_some_and(|c| c.status == "True");
-                let scheduled =
-                    snapshot.replicas.iter().filter(|r| r.spec.node_id == name && r.spec.disk_id == *disk_name);
-                out.push(DiskCandidate {
-                    node: name.clone(),
-                    disk: disk_name.clone(),
-                    zone: status.zone.clone(),
-                    node_ready: ready,
-                    node_allow_scheduling: node.spec.allow_scheduling,
-                    disk_ready,
-                    disk_allow_scheduling: disk.allow_scheduling,
-                    node_tags: node.spec.tags.clone(),
-                    disk_tags: disk.tags.clone(),
-                    maximum: ds.storage_maximum,
-                    available: ds.storage_available,
-                    reserved: disk.storage_reserved,
-                    scheduled: scheduled.map(|r| default_store_bytes(r.spec.volume_size)).sum(),
-                });
-            }
-        }
-        out
+        disk_candidates(&snapshot.nodes, &snapshot.replicas, |node| snapshot.node_ready(node))
     }
 
     pub(super) fn scheduling_request(
@@ -72,7 +79,7 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
         let name = volume.name_any();
         let request = Self::scheduling_request(&snapshot.settings, volume, Vec::new());
         let count = volume.spec.number_of_replicas as usize;
-        let limits = Self::limits(&snapshot.settings);
+        let limits = limits(&snapshot.settings);
         let now = now();
         match scheduler::schedule_replicas(&request, count, &Self::candidates(snapshot), limits) {
             Err(why) => {

@@ -1,0 +1,537 @@
+//! The CSI Controller service: CSI calls as calls to the manager's REST API.
+//! Each call checks its input first (`params`), then asks the manager, then
+//! waits, where the spec wants a finished result, for the controllers to
+//! report it in status (a volume created and its replicas up, an attach
+//! done, a detach done).
+
+use std::time::Duration;
+
+use ironhorn_proto::csi;
+use ironhorn_proto::csi::controller_server::Controller;
+use ironhorn_proto::csi::controller_service_capability::Rpc;
+use ironhorn_proto::csi::controller_service_capability::rpc::Type as CapType;
+use serde_json::{Value, json};
+use tonic::{Request, Response, Status};
+
+use super::params::{self, RequestError};
+use super::{Busy, TOPOLOGY_KEY, api_status, required};
+use crate::client::{CallError, call};
+use crate::crd::{self, Volume, condition};
+
+/// How long CreateVolume waits for a new volume's replicas, and Publish /
+/// Unpublish for an attach or detach, before answering DEADLINE_EXCEEDED
+/// (the sidecars retry; the same call then picks up where it was).
+const WAIT: Duration = Duration::from_secs(90);
+
+pub struct ControllerService {
+    pub api: String,
+    pub busy: Busy,
+}
+
+fn to_volume(v: Value) -> Result<Volume, Status> {
+    serde_json::from_value(v).map_err(|e| Status::internal(format!("the manager's volume does not parse: {e}")))
+}
+
+fn to_snapshot(v: Value) -> Result<crd::Snapshot, Status> {
+    serde_json::from_value(v).map_err(|e| Status::internal(format!("the manager's snapshot does not parse: {e}")))
+}
+
+/// The CSI view of a volume.
+pub fn csi_volume(v: &Volume) -> csi::Volume {
+    csi::Volume {
+        capacity_bytes: v.spec.size as i64,
+        volume_id: v.metadata.name.clone().unwrap_or_default(),
+        volume_context: Default::default(),
+        content_source: None,
+        // Reachable from every node: the engine runs where it is attached
+        // and talks to its replicas over the network.
+        accessible_topology: Vec::new(),
+    }
+}
+
+/// Abnormal when the volume is degraded or faulted, with why.
+pub fn volume_condition(v: &Volume) -> csi::VolumeCondition {
+    let status = v.status.clone().unwrap_or_default();
+    match status.robustness.as_str() {
+        "healthy" => csi::VolumeCondition { abnormal: false, message: "healthy".into() },
+        "" | "unknown" if status.state != "attached" => csi::VolumeCondition {
+            abnormal: false,
+            message: format!("{} (robustness is known while attached)", status.state),
+        },
+        robustness => {
+            let why: Vec<String> = status
+                .conditions
+                .iter()
+                .filter(|c| c.status == "False" && !c.message.is_empty())
+                .map(|c| format!("{}: {}", c.type_, c.message))
+                .collect();
+            let message =
+                if why.is_empty() { robustness.to_string() } else { format!("{robustness}: {}", why.join("; ")) };
+            csi::VolumeCondition { abnormal: true, message }
+        }
+    }
+}
+
+fn snapshot_time(s: &crd::Snapshot) -> Option<prost_types::Timestamp> {
+    let status = s.status.clone().unwrap_or_default();
+    let t = status
+        .creation_time
+        .parse::<jiff::Timestamp>()
+        .ok()
+        .or_else(|| s.metadata.creation_timestamp.as_ref().map(|t| t.0))?;
+    Some(prost_types::Timestamp { seconds: t.as_second(), nanos: t.subsec_nanosecond() })
+}
+
+fn csi_snapshot(s: &crd::Snapshot) -> csi::Snapshot {
+    let status = s.status.clone().unwrap_or_default();
+    csi::Snapshot {
+        size_bytes: status.size as i64,
+        snapshot_id: s.metadata.name.clone().unwrap_or_default(),
+        source_volume_id: s.spec.volume.clone(),
+        creation_time: snapshot_time(s),
+        ready_to_use: status.ready_to_use,
+        group_snapshot_id: String::new(),
+    }
+}
+
+impl ControllerService {
+    async fn volume(&self, name: &str) -> Result<Option<Volume>, Status> {
+        match call(&self.api, "GET", &format!("/v1/volumes/{name}"), None).await {
+            Ok(v) => Ok(Some(to_volume(v)?)),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(api_status(e)),
+        }
+    }
+
+    /// Polls the volume until `done` says it is there (Ok(Some)), or gives
+    /// up with the error `done` returns, or DEADLINE_EXCEEDED after WAIT.
+    async fn wait(
+        &self,
+        name: &str,
+        what: &str,
+        done: impl Fn(Option<&Volume>) -> Result<bool, Status>,
+    ) -> Result<Option<Volume>, Status> {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            let v = self.volume(name).await?;
+            if done(v.as_ref())? {
+                return Ok(v);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                let state = v.and_then(|v| v.status).map(|s| s.state).unwrap_or_else(|| "gone".into());
+                return Err(Status::deadline_exceeded(format!("volume {name}: not {what} yet (still {state}); retry")));
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+}
+
+/// Whether an existing volume answers a CreateVolume request the same way.
+fn compatible(v: &Volume, size_range: Option<&csi::CapacityRange>, p: &params::VolumeParams) -> Result<(), String> {
+    if !params::size_fits(v.spec.size, size_range) {
+        return Err(format!("it is {} bytes, outside the capacity range asked for", v.spec.size));
+    }
+    if let Some(n) = p.number_of_replicas
+        && n != v.spec.number_of_replicas
+    {
+        return Err(format!("it has numberOfReplicas {}, not {n}", v.spec.number_of_replicas));
+    }
+    if v.spec.node_selector != p.node_selector || v.spec.disk_selector != p.disk_selector {
+        return Err("its node or disk selector differs".into());
+    }
+    Ok(())
+}
+
+fn create_body(name: &str, size: u64, p: &params::VolumeParams) -> Value {
+    let mut body = json!({
+        "name": name,
+        "size": size,
+        "frontend": "blockdev",
+        "nodeSelector": p.node_selector,
+        "diskSelector": p.disk_selector,
+    });
+    if let Some(n) = p.number_of_replicas {
+        body["numberOfReplicas"] = json!(n);
+    }
+    if let Some(t) = p.stale_replica_timeout {
+        body["staleReplicaTimeout"] = json!(t);
+    }
+    if let Some(a) = p.replica_soft_anti_affinity {
+        body["replicaSoftAntiAffinity"] = json!(a);
+    }
+    if let Some(q) = p.write_quorum {
+        body["writeQuorum"] = json!(q);
+    }
+    body
+}
+
+/// Creates a volume through the manager and waits until its replicas are
+/// up (state detached). When it cannot be scheduled it is deleted again and
+/// the scheduler's reason comes back as RESOURCE_EXHAUSTED. Shared with the
+/// node service's ephemeral volumes.
+pub async fn create_and_wait(api: &str, name: &str, size: u64, p: &params::VolumeParams) -> Result<Volume, Status> {
+    let service = ControllerService { api: api.to_string(), busy: Busy::default() };
+    match call(api, "POST", "/v1/volumes", Some(&create_body(name, size, p))).await {
+        Ok(_) => {}
+        Err(CallError::Refused { status: 409, .. }) => {} // made by an earlier try
+        Err(e) => return Err(api_status(e)),
+    }
+    let unschedulable = std::sync::Mutex::new(None::<String>);
+    let ready = service
+        .wait(name, "created", |v| {
+            let Some(v) = v else {
+                return Err(Status::aborted(format!("volume {name} was deleted while being created")));
+            };
+            let status = v.status.clone().unwrap_or_default();
+            if let Some(c) = condition(&status.conditions, "Scheduled")
+                && c.status == "False"
+            {
+                *unschedulable.lock().unwrap_or_else(|e| e.into_inner()) = Some(c.message.clone());
+                return Ok(true);
+            }
+            Ok(matches!(status.state.as_str(), "detached" | "attached" | "attaching"))
+        })
+        .await?;
+    if let Some(why) = unschedulable.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        // Nothing half-made stays behind.
+        match call(api, "DELETE", &format!("/v1/volumes/{name}"), None).await {
+            Ok(_) => {}
+            Err(e) if e.is_not_found() => {}
+            Err(e) => return Err(api_status(e)),
+        }
+        service.wait(name, "deleted", |v| Ok(v.is_none())).await?;
+        return Err(Status::resource_exhausted(format!("cannot place the volume's replicas: {why}")));
+    }
+    ready.ok_or_else(|| Status::aborted(format!("volume {name} vanished")))
+}
+
+#[tonic::async_trait]
+impl Controller for ControllerService {
+    async fn create_volume(
+        &self,
+        request: Request<csi::CreateVolumeRequest>,
+    ) -> Result<Response<csi::CreateVolumeResponse>, Status> {
+        let req = request.into_inner();
+        let csi_name = required(&req.name, "name")?;
+        params::check_capabilities(&req.volume_capabilities)?;
+        let p = params::parse_parameters(&req.parameters, false)?;
+        let size = params::size_for(req.capacity_range.as_ref())?;
+        if req.volume_content_source.is_some() {
+            return Err(Status::unimplemented(
+                "volume_content_source: creating a volume from a snapshot or another volume is not implemented yet",
+            ));
+        }
+        if p.data_locality == params::DataLocality::BestEffort {
+            return Err(RequestError::BadParameter {
+                key: "dataLocality".into(),
+                why: "best-effort is not implemented yet; use disabled".into(),
+            }
+            .into());
+        }
+        let name = params::volume_name(csi_name);
+        let _guard = self.busy.claim(&name)?;
+        if let Some(existing) = self.volume(&name).await? {
+            if existing.metadata.deletion_timestamp.is_some() {
+                return Err(Status::aborted(format!("volume {name} is being deleted; retry")));
+            }
+            if let Err(why) = compatible(&existing, req.capacity_range.as_ref(), &p) {
+                return Err(Status::already_exists(format!("volume {csi_name:?} exists and differs: {why}")));
+            }
+        }
+        let volume = create_and_wait(&self.api, &name, size, &p).await?;
+        Ok(Response::new(csi::CreateVolumeResponse { volume: Some(csi_volume(&volume)) }))
+    }
+
+    async fn delete_volume(
+        &self,
+        request: Request<csi::DeleteVolumeRequest>,
+    ) -> Result<Response<csi::DeleteVolumeResponse>, Status> {
+        let req = request.into_inner();
+        let name = required(&req.volume_id, "volume_id")?;
+        let _guard = self.busy.claim(name)?;
+        let Some(volume) = self.volume(name).await? else {
+            return Ok(Response::new(csi::DeleteVolumeResponse {}));
+        };
+        if !volume.spec.node_id.is_empty() {
+            return Err(Status::failed_precondition(format!(
+                "volume {name} is published on node {}; unpublish it first",
+                volume.spec.node_id
+            )));
+        }
+        match call(&self.api, "DELETE", &format!("/v1/volumes/{name}"), None).await {
+            Ok(_) => {}
+            Err(e) if e.is_not_found() => {}
+            Err(e) => return Err(api_status(e)),
+        }
+        self.wait(name, "deleted", |v| Ok(v.is_none())).await?;
+        Ok(Response::new(csi::DeleteVolumeResponse {}))
+    }
+
+    async fn controller_publish_volume(
+        &self,
+        request: Request<csi::ControllerPublishVolumeRequest>,
+    ) -> Result<Response<csi::ControllerPublishVolumeResponse>, Status> {
+        let req = request.into_inner();
+        let name = required(&req.volume_id, "volume_id")?;
+        let node = required(&req.node_id, "node_id")?;
+        let cap = req.volume_capability.as_ref().ok_or(RequestError::Missing("volume_capability"))?;
+        params::check_capability(cap)?;
+        let _guard = self.busy.claim(name)?;
+        let volume = self.volume(name).await?.ok_or_else(|| Status::not_found(format!("volume {name} not found")))?;
+        if !volume.spec.node_id.is_empty() && volume.spec.node_id != node {
+            return Err(Status::failed_precondition(format!(
+                "volume {name} is published on node {}; a volume is attached to one node at a time",
+                volume.spec.node_id
+            )));
+        }
+        let body = json!({ "node": node, "frontend": "blockdev" });
+        call(&self.api, "POST", &format!("/v1/volumes/{name}/attach"), Some(&body)).await.map_err(api_status)?;
+        let attached = self
+            .wait(name, "attached", |v| {
+                let v = v.ok_or_else(|| Status::not_found(format!("volume {name} was deleted")))?;
+                let s = v.status.clone().unwrap_or_default();
+                Ok(s.state == "attached" && s.current_node_id == node && !s.blockdev.is_empty())
+            })
+            .await?
+            .and_then(|v| v.status)
+            .unwrap_or_default();
+        let context = [("devicePath".to_string(), attached.blockdev)].into();
+        Ok(Response::new(csi::ControllerPublishVolumeResponse { publish_context: context }))
+    }
+
+    async fn controller_unpublish_volume(
+        &self,
+        request: Request<csi::ControllerUnpublishVolumeRequest>,
+    ) -> Result<Response<csi::ControllerUnpublishVolumeResponse>, Status> {
+        let req = request.into_inner();
+        let name = required(&req.volume_id, "volume_id")?;
+        let _guard = self.busy.claim(name)?;
+        let Some(volume) = self.volume(name).await? else {
+            return Ok(Response::new(csi::ControllerUnpublishVolumeResponse {}));
+        };
+        let on = &volume.spec.node_id;
+        if !on.is_empty() && !req.node_id.is_empty() && *on != req.node_id {
+            // Published on another node, not on this one: nothing to undo.
+            return Ok(Response::new(csi::ControllerUnpublishVolumeResponse {}));
+        }
+        if !on.is_empty() {
+            call(&self.api, "POST", &format!("/v1/volumes/{name}/detach"), None).await.map_err(api_status)?;
+        }
+        self.wait(name, "detached", |v| {
+            Ok(v.is_none_or(|v| {
+                v.status.as_ref().is_none_or(|s| s.current_node_id.is_empty() && s.state != "detaching")
+            }))
+        })
+        .await?;
+        Ok(Response::new(csi::ControllerUnpublishVolumeResponse {}))
+    }
+
+    async fn validate_volume_capabilities(
+        &self,
+        request: Request<csi::ValidateVolumeCapabilitiesRequest>,
+    ) -> Result<Response<csi::ValidateVolumeCapabilitiesResponse>, Status> {
+        let req = request.into_inner();
+        let name = required(&req.volume_id, "volume_id")?;
+        if req.volume_capabilities.is_empty() {
+            return Err(RequestError::Missing("volume_capabilities").into());
+        }
+        if self.volume(name).await?.is_none() {
+            return Err(Status::not_found(format!("volume {name} not found")));
+        }
+        let checked = params::check_capabilities(&req.volume_capabilities)
+            .and_then(|_| params::parse_parameters(&req.parameters, false).map(drop));
+        let reply = match checked {
+            Ok(()) => csi::ValidateVolumeCapabilitiesResponse {
+                confirmed: Some(csi::validate_volume_capabilities_response::Confirmed {
+                    volume_context: req.volume_context,
+                    volume_capabilities: req.volume_capabilities,
+                    parameters: req.parameters,
+                    mutable_parameters: Default::default(),
+                }),
+                message: String::new(),
+            },
+            Err(e) => csi::ValidateVolumeCapabilitiesResponse { confirmed: None, message: e.to_string() },
+        };
+        Ok(Response::new(reply))
+    }
+
+    async fn list_volumes(
+        &self,
+        request: Request<csi::ListVolumesRequest>,
+    ) -> Result<Response<csi::ListVolumesResponse>, Status> {
+        let req = request.into_inner();
+        let all = call(&self.api, "GET", "/v1/volumes", None).await.map_err(api_status)?;
+        let mut volumes: Vec<Volume> =
+            all.as_array().cloned().unwrap_or_default().into_iter().map(to_volume).collect::<Result<_, _>>()?;
+        volumes.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        let (start, end, next_token) =
+            params::page(volumes.len(), req.max_entries, &req.starting_token).map_err(Status::aborted)?;
+        let entries = volumes[start..end]
+            .iter()
+            .map(|v| csi::list_volumes_response::Entry {
+                volume: Some(csi_volume(v)),
+                status: Some(csi::list_volumes_response::VolumeStatus {
+                    published_node_ids: published_on(v),
+                    volume_condition: Some(volume_condition(v)),
+                }),
+            })
+            .collect();
+        Ok(Response::new(csi::ListVolumesResponse { entries, next_token }))
+    }
+
+    async fn get_capacity(
+        &self,
+        request: Request<csi::GetCapacityRequest>,
+    ) -> Result<Response<csi::GetCapacityResponse>, Status> {
+        let req = request.into_inner();
+        params::check_capabilities(&req.volume_capabilities).or_else(|e| match e {
+            RequestError::Missing("volume_capabilities") => Ok(Vec::new()),
+            e => Err(e),
+        })?;
+        let p = params::parse_parameters(&req.parameters, false)?;
+        let mut query = vec![
+            format!("nodeSelector={}", p.node_selector.join(",")),
+            format!("diskSelector={}", p.disk_selector.join(",")),
+        ];
+        if let Some(node) = req.accessible_topology.as_ref().and_then(|t| t.segments.get(TOPOLOGY_KEY)) {
+            query.push(format!("node={node}"));
+        }
+        let reply = match call(&self.api, "GET", &format!("/v1/capacity?{}", query.join("&")), None).await {
+            Ok(v) => v["maximumVolumeSize"].as_u64().unwrap_or(0),
+            // A topology segment naming no node of this cluster has none.
+            Err(e) if e.is_not_found() => 0,
+            Err(e) => return Err(api_status(e)),
+        };
+        Ok(Response::new(csi::GetCapacityResponse {
+            available_capacity: reply as i64,
+            maximum_volume_size: Some(reply as i64),
+            minimum_volume_size: Some(params::BLOCK as i64),
+        }))
+    }
+
+    async fn controller_get_capabilities(
+        &self,
+        _: Request<csi::ControllerGetCapabilitiesRequest>,
+    ) -> Result<Response<csi::ControllerGetCapabilitiesResponse>, Status> {
+        let caps = [
+            CapType::CreateDeleteVolume,
+            CapType::PublishUnpublishVolume,
+            CapType::ListVolumes,
+            CapType::GetCapacity,
+            CapType::CreateDeleteSnapshot,
+            CapType::ListSnapshots,
+            CapType::ListVolumesPublishedNodes,
+            CapType::VolumeCondition,
+            CapType::GetVolume,
+            CapType::SingleNodeMultiWriter,
+        ]
+        .into_iter()
+        .map(|t| csi::ControllerServiceCapability {
+            r#type: Some(csi::controller_service_capability::Type::Rpc(Rpc { r#type: t as i32 })),
+        })
+        .collect();
+        Ok(Response::new(csi::ControllerGetCapabilitiesResponse { capabilities: caps }))
+    }
+
+    async fn create_snapshot(
+        &self,
+        request: Request<csi::CreateSnapshotRequest>,
+    ) -> Result<Response<csi::CreateSnapshotResponse>, Status> {
+        let req = request.into_inner();
+        let volume = required(&req.source_volume_id, "source_volume_id")?;
+        let csi_name = required(&req.name, "name")?;
+        if let Some(k) = req.parameters.keys().next() {
+            return Err(RequestError::UnknownParameter(k.clone()).into());
+        }
+        if self.volume(volume).await?.is_none() {
+            return Err(Status::not_found(format!("source volume {volume} not found")));
+        }
+        let name = params::snapshot_name(csi_name);
+        if let Some(other) = self.snapshots().await?.iter().find(|s| s.metadata.name.as_deref() == Some(name.as_str()))
+            && other.spec.volume != volume
+        {
+            return Err(Status::already_exists(format!(
+                "snapshot {csi_name:?} already exists, of volume {}",
+                other.spec.volume
+            )));
+        }
+        let body = json!({ "name": name });
+        let made = call(&self.api, "POST", &format!("/v1/volumes/{volume}/snapshots"), Some(&body))
+            .await
+            .map_err(api_status)
+            .and_then(to_snapshot)?;
+        Ok(Response::new(csi::CreateSnapshotResponse { snapshot: Some(csi_snapshot(&made)) }))
+    }
+
+    async fn delete_snapshot(
+        &self,
+        request: Request<csi::DeleteSnapshotRequest>,
+    ) -> Result<Response<csi::DeleteSnapshotResponse>, Status> {
+        let req = request.into_inner();
+        let id = required(&req.snapshot_id, "snapshot_id")?;
+        let all = self.snapshots().await?;
+        if let Some(s) = all.iter().find(|s| s.metadata.name.as_deref() == Some(id)) {
+            let path = format!("/v1/volumes/{}/snapshots/{id}", s.spec.volume);
+            match call(&self.api, "DELETE", &path, None).await {
+                Ok(_) => {}
+                Err(e) if e.is_not_found() => {}
+                Err(e) => return Err(api_status(e)),
+            }
+        }
+        Ok(Response::new(csi::DeleteSnapshotResponse {}))
+    }
+
+    async fn list_snapshots(
+        &self,
+        request: Request<csi::ListSnapshotsRequest>,
+    ) -> Result<Response<csi::ListSnapshotsResponse>, Status> {
+        let req = request.into_inner();
+        let mut all = self.snapshots().await?;
+        all.retain(|s| {
+            (req.snapshot_id.is_empty() || s.metadata.name.as_deref() == Some(req.snapshot_id.as_str()))
+                && (req.source_volume_id.is_empty() || s.spec.volume == req.source_volume_id)
+        });
+        all.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        let (start, end, next_token) =
+            params::page(all.len(), req.max_entries, &req.starting_token).map_err(Status::aborted)?;
+        let entries = all[start..end]
+            .iter()
+            .map(|s| csi::list_snapshots_response::Entry { snapshot: Some(csi_snapshot(s)) })
+            .collect();
+        Ok(Response::new(csi::ListSnapshotsResponse { entries, next_token }))
+    }
+
+    async fn controller_expand_volume(
+        &self,
+        _: Request<csi::ControllerExpandVolumeRequest>,
+    ) -> Result<Response<csi::ControllerExpandVolumeResponse>, Status> {
+        Err(Status::unimplemented("volume expansion through CSI is not implemented yet"))
+    }
+
+    async fn controller_get_volume(
+        &self,
+        request: Request<csi::ControllerGetVolumeRequest>,
+    ) -> Result<Response<csi::ControllerGetVolumeResponse>, Status> {
+        let req = request.into_inner();
+        let name = required(&req.volume_id, "volume_id")?;
+        let v = self.volume(name).await?.ok_or_else(|| Status::not_found(format!("volume {name} not found")))?;
+        Ok(Response::new(csi::ControllerGetVolumeResponse {
+            volume: Some(csi_volume(&v)),
+            status: Some(csi::controller_get_volume_response::VolumeStatus {
+                published_node_ids: published_on(&v),
+                volume_condition: Some(volume_condition(&v)),
+            }),
+        }))
+    }
+}
+
+fn published_on(v: &Volume) -> Vec<String> {
+    if v.spec.node_id.is_empty() { Vec::new() } else { vec![v.spec.node_id.clone()] }
+}
+
+impl ControllerService {
+    async fn snapshots(&self) -> Result<Vec<crd::Snapshot>, Status> {
+        let all = call(&self.api, "GET", "/v1/snapshots", None).await.map_err(api_status)?;
+        all.as_array().cloned().unwrap_or_default().into_iter().map(to_snapshot).collect()
+    }
+}
