@@ -361,6 +361,32 @@ impl BlockDevice {
     pub fn description(&self) -> String {
         format!("blockdev:{} ({})", self.link.display(), self.loop_device)
     }
+
+    /// Makes the kernel device show `size` bytes after the volume grew: kernel
+    /// NBD takes the new size by ioctl; the loop device re-reads its file's
+    /// size (LOOP_SET_CAPACITY), once the kernel has dropped its cached
+    /// attributes of the FUSE file and read them again.
+    pub fn refresh_size(&self, size: u64) -> Result<(), String> {
+        use std::os::fd::AsRawFd;
+        if let Some(nbd) = &self.kernel_nbd {
+            return ioctl(nbd.file.as_raw_fd(), NBD_SET_SIZE_BLOCKS, size / BLOCK, "NBD_SET_SIZE_BLOCKS");
+        }
+        if let Some(session) = &self.session {
+            // Offset -1: the attributes only (there is no page cache).
+            match session.notifier().inval_inode(FILE, -1, 0) {
+                Ok(()) => {}
+                // Not in the kernel's cache: its next lookup reads the size.
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+                Err(e) => return Err(format!("invalidate the FUSE file's attributes: {e}")),
+            }
+        }
+        let file = self.mountpoint.join(FILE_NAME);
+        let seen = std::fs::metadata(&file).map_err(|e| format!("stat {}: {e}", file.display()))?.len();
+        if seen != size {
+            return Err(format!("{} shows {seen} bytes, not {size}", file.display()));
+        }
+        run("losetup", &["--set-capacity", &self.loop_device]).map(drop)
+    }
 }
 
 impl Drop for BlockDevice {

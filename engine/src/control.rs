@@ -7,15 +7,18 @@ use ironhorn_proto::engine::engine_server::{Engine, EngineServer};
 use ironhorn_proto::engine::*;
 use tonic::{Request, Response, Status};
 
+use crate::blockdev::BlockDevice;
 use crate::volume::{self, Volume, VolumeError};
 
 pub struct EngineService {
     volume: Arc<Volume>,
+    /// The kernel block device, told when the volume grows.
+    block_device: Option<Arc<BlockDevice>>,
 }
 
 impl EngineService {
-    pub fn new(volume: Arc<Volume>) -> EngineServer<Self> {
-        EngineServer::new(Self { volume })
+    pub fn new(volume: Arc<Volume>, block_device: Option<Arc<BlockDevice>>) -> EngineServer<Self> {
+        EngineServer::new(Self { volume, block_device })
     }
 }
 
@@ -129,7 +132,16 @@ impl Engine for EngineService {
     }
 
     async fn expand(&self, request: Request<ExpandRequest>) -> Result<Response<StatusResponse>, Status> {
-        self.volume.expand(request.into_inner().size_bytes).await.map_err(status)?;
+        let size = request.into_inner().size_bytes;
+        self.volume.expand(size).await.map_err(status)?;
+        if let Some(device) = self.block_device.clone() {
+            tokio::task::spawn_blocking(move || device.refresh_size(size))
+                .await
+                .map_err(|e| Status::internal(e.to_string()))?
+                .map_err(|e| {
+                    Status::internal(format!("the volume grew to {size} bytes but its block device did not: {e}"))
+                })?;
+        }
         Ok(Response::new(status_message(self.volume.status())))
     }
 

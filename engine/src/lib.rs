@@ -53,7 +53,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
             .await
             .map_err(|e| format!("block device: {e}"))??;
         volume.add_frontend(device.description());
-        Some(device)
+        Some(std::sync::Arc::new(device))
     } else {
         None
     };
@@ -66,15 +66,34 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
     }
     ironhorn_proto::say!("listening on {local}");
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-    let router = tonic::transport::Server::builder().add_service(control::EngineService::new(volume.clone()));
+    let router = tonic::transport::Server::builder()
+        .add_service(control::EngineService::new(volume.clone(), block_device.clone()));
     ironhorn_proto::shutdown::serve_router(router, incoming, std::time::Duration::from_secs(2), "control server")
         .await?;
     tracing::info!("shutting down: flushing replicas");
     if let Err(e) = volume.flush().await {
         tracing::warn!(error = %e, "final flush failed");
     }
-    if let Some(device) = block_device {
-        tokio::task::spawn_blocking(move || drop(device)).await.map_err(|e| format!("block device teardown: {e}"))?;
+    if let Some(mut device) = block_device {
+        // The control service's handle goes with its last connection.
+        let mut tries = 0;
+        let teardown = loop {
+            match std::sync::Arc::try_unwrap(device) {
+                Ok(owned) => break Some(owned),
+                Err(shared) if tries == 250 => {
+                    tracing::error!(link = %shared.link.display(), "block device still in use after 5 s; left in place");
+                    break None;
+                }
+                Err(shared) => device = shared,
+            }
+            tries += 1;
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        };
+        if let Some(owned) = teardown {
+            tokio::task::spawn_blocking(move || drop(owned))
+                .await
+                .map_err(|e| format!("block device teardown: {e}"))?;
+        }
     }
     Ok(())
 }

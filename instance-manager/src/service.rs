@@ -330,6 +330,9 @@ impl InstanceManagerService {
                     store.clone(),
                     "--size".into(),
                     size_bytes.to_string(),
+                    // The manager's size is the volume's: a store left
+                    // smaller by an expansion it missed grows to it.
+                    "--grow".into(),
                     "--listen".into(),
                     address.clone(),
                 ];

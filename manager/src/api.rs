@@ -55,6 +55,7 @@ pub fn router<D: Datastore>(store: D) -> Router {
         .route("/v1/volumes/{name}/attach", post(attach::<D>))
         .route("/v1/volumes/{name}/detach", post(detach::<D>))
         .route("/v1/volumes/{name}/update", post(update_volume::<D>))
+        .route("/v1/volumes/{name}/expand", post(expand_volume::<D>))
         .route("/v1/volumes/{name}/snapshots", get(list_snapshots::<D>).post(create_snapshot::<D>))
         .route("/v1/volumes/{name}/snapshots/{snapshot}", axum::routing::delete(delete_snapshot::<D>))
         .route("/v1/snapshots", get(list::<D, Snapshot>))
@@ -278,6 +279,37 @@ async fn update_volume<D: Datastore>(
     let updated = update::<Volume, D>(&store, &name, |v| {
         let changed = v.spec.number_of_replicas != replicas;
         v.spec.number_of_replicas = replicas;
+        changed
+    })
+    .await?
+    .ok_or_else(|| not_found("volume", &name))?;
+    reply(&updated)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ExpandVolume {
+    /// "20GiB" or a number of bytes.
+    size: Value,
+}
+
+/// Grows a volume, attached or detached: the controllers grow its replicas
+/// (through the engine while attached) and report status.currentSize.
+/// The same size again is a no-op; a smaller one is refused.
+async fn expand_volume<D: Datastore>(
+    State(store): State<D>,
+    Path(name): Path<String>,
+    body: Result<Json<ExpandVolume>, axum::extract::rejection::JsonRejection>,
+) -> Reply {
+    let Json(body) = body.map_err(|e| bad(e.body_text()))?;
+    let size = parse_size_value(&body.size)?;
+    let volume = live_volume(&store, &name).await?;
+    if size < volume.spec.size {
+        return Err(bad(format!("volume {name} is {} bytes; volumes grow, they never shrink", volume.spec.size)));
+    }
+    let updated = update::<Volume, D>(&store, &name, |v| {
+        let changed = v.spec.size < size;
+        v.spec.size = v.spec.size.max(size);
         changed
     })
     .await?

@@ -37,6 +37,11 @@ pub trait Cluster: Clone + Send + Sync + 'static {
     fn engine_replica_remove(&self, engine: &str, replica: &str) -> impl Future<Output = Result<(), String>> + Send;
     /// Takes, deletes (absent is fine) or lists the engine's snapshots;
     /// answers the list after the operation.
+    /// Grows the volume through its engine (every replica, then the
+    /// engine's frontends).
+    fn engine_expand(&self, engine: &str, size: u64) -> impl Future<Output = Result<(), String>> + Send;
+    /// Grows one replica's store directly (its volume has no engine).
+    fn replica_expand(&self, replica: &str, size: u64, epoch: u64) -> impl Future<Output = Result<(), String>> + Send;
     fn engine_snapshot(
         &self,
         engine: &str,
@@ -129,6 +134,23 @@ impl Cluster for GrpcCluster {
             Err(s) if s.code() == tonic::Code::NotFound => Ok(()),
             Err(s) => Err(status(engine, s)),
         }
+    }
+
+    async fn engine_expand(&self, engine: &str, size: u64) -> Result<(), String> {
+        let mut client = EngineClient::new(self.channel(engine)?);
+        client
+            .expand(ironhorn_proto::engine::ExpandRequest { size_bytes: size })
+            .await
+            .map_err(|e| status(engine, e))?;
+        Ok(())
+    }
+
+    async fn replica_expand(&self, replica: &str, size: u64, epoch: u64) -> Result<(), String> {
+        use ironhorn_proto::replica::replica_client::ReplicaClient;
+        let mut client = ReplicaClient::new(self.channel(replica)?);
+        let request = ironhorn_proto::replica::ExpandRequest { size_bytes: size, epoch };
+        client.expand(request).await.map_err(|e| status(replica, e))?;
+        Ok(())
     }
 
     async fn engine_snapshot(

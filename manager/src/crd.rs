@@ -159,6 +159,10 @@ pub struct VolumeStatus {
     /// /dev/ironhorn/NAME when attached with the blockdev frontend.
     #[serde(default)]
     pub blockdev: String,
+    /// Bytes the volume's data has now (its engine's, or else its
+    /// replicas'); below spec.size while an expansion is under way.
+    #[serde(default)]
+    pub current_size: u64,
     #[serde(default)]
     pub conditions: Vec<Condition>,
     /// When robustness last turned degraded ("" = not degraded).

@@ -11,6 +11,7 @@ pub mod csi;
 pub mod datastore;
 pub mod epoch;
 pub mod events;
+pub mod expansion;
 pub mod metrics;
 pub mod replenish;
 pub mod scheduler;

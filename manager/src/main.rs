@@ -162,6 +162,15 @@ enum VolumeCommand {
         #[arg(long)]
         replicas: u32,
     },
+    /// Grow the volume (attached or detached) and wait until its data has
+    /// the new size.
+    Expand {
+        name: String,
+        #[arg(long)]
+        size: String,
+        #[arg(long, default_value_t = 120)]
+        timeout_secs: u64,
+    },
     /// Delete the volume, its engine, replicas and their stores.
     Delete {
         name: String,
@@ -381,6 +390,22 @@ async fn drive(cli: Cli) -> Result<(), String> {
                     print_json(&v)
                 } else {
                     ironhorn_proto::say!("volume {name}: {replicas} replicas wanted")
+                }
+                Ok(())
+            }
+            VolumeCommand::Expand { name, size, timeout_secs } => {
+                let v =
+                    call(api, "POST", &format!("/v1/volumes/{name}/expand"), Some(&json!({ "size": size }))).await?;
+                let want = v["spec"]["size"].as_u64().unwrap_or(0);
+                let v = wait_for(api, &name, Duration::from_secs(timeout_secs), |v| {
+                    v.is_some_and(|v| v["status"]["currentSize"].as_u64().unwrap_or(0) >= want)
+                })
+                .await?
+                .unwrap_or_default();
+                if json_out {
+                    print_json(&v)
+                } else {
+                    ironhorn_proto::say!("volume {name}: {want} bytes")
                 }
                 Ok(())
             }

@@ -104,6 +104,12 @@ impl Cluster for NoProcesses {
     async fn engine_replica_add(&self, _: &str, _: &str) -> Result<(), String> {
         panic!("no engine exists")
     }
+    async fn engine_expand(&self, _: &str, _: u64) -> Result<(), String> {
+        panic!("no engine exists")
+    }
+    async fn replica_expand(&self, _: &str, _: u64, _: u64) -> Result<(), String> {
+        panic!("no replica exists")
+    }
     async fn engine_snapshot(
         &self,
         _: &str,

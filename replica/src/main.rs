@@ -20,9 +20,13 @@ enum Command {
         /// file:PATH or lvm:VG/LV
         #[arg(long)]
         store: StoreLocation,
-        /// Volume size, e.g. 1GiB. Must match an existing store.
+        /// Volume size, e.g. 1GiB. Must match an existing store (see --grow).
         #[arg(long, value_parser = parse_size)]
         size: u64,
+        /// Grow an existing store of a smaller volume to --size (the volume
+        /// was expanded while this replica was down). Never shrinks.
+        #[arg(long)]
+        grow: bool,
         /// Address for the gRPC server (port 0 picks one; it is printed).
         #[arg(long, default_value = "127.0.0.1:9500")]
         listen: std::net::SocketAddr,
@@ -48,8 +52,9 @@ fn main() {
     ironhorn_proto::say::init_logging();
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Serve { store, size, listen, capacity, io, fault_injection } => {
+        Command::Serve { store, size, grow, listen, capacity, io, fault_injection } => {
             let mut config = StoreConfig::new(store, size);
+            config.grow = grow;
             config.capacity_bytes = capacity;
             config.backend = io;
             let runtime = ironhorn_proto::runtime::build().expect("tokio runtime");

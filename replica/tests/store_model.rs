@@ -364,6 +364,22 @@ fn bad_requests_are_refused_and_change_nothing() {
         let mut other = config.clone();
         other.volume_size *= 2;
         assert!(matches!(Store::open(&other).await, Err(StoreError::SizeMismatch { .. })));
+        // Asked to grow (an expansion this replica missed), it grows, keeps
+        // its data and reads zeroes beyond; it never shrinks.
+        let mut smaller = config.clone();
+        smaller.volume_size /= 2;
+        smaller.grow = true;
+        assert!(matches!(Store::open(&smaller).await, Err(StoreError::SizeMismatch { .. })));
+        other.grow = true;
+        let grown = Store::open(&other).await.unwrap();
+        assert_eq!(grown.info().size_bytes, other.volume_size);
+        assert_eq!(&grown.read(1, 3 * BLOCK as u64, BLOCK as u64).await.unwrap()[..], &data[..]);
+        let beyond = grown.read(1, config.volume_size, BLOCK as u64).await.unwrap();
+        assert!(beyond.iter().all(|&b| b == 0));
+        grown.close().await.unwrap();
+        let mut exact = other.clone();
+        exact.grow = false;
+        assert!(Store::open(&exact).await.is_ok_and(|s| s.info().size_bytes == other.volume_size));
         std::fs::remove_file(&path).unwrap();
     });
 }

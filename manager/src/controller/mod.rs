@@ -28,6 +28,7 @@ use crate::scheduler::{self, DiskCandidate, Limits, Placed};
 use crate::{settings, snapshots};
 
 mod engine;
+mod expand;
 mod heal;
 mod nodes;
 mod placement;
@@ -260,6 +261,9 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
         // Each replica's process runs while its volume exists.
         for replica in &replicas {
             self.reconcile_replica(snapshot, replica).await?;
+        }
+        if let Err(e) = self.reconcile_expansion(snapshot, volume, &replicas).await {
+            tracing::warn!(volume = %name, error = %e, "expansion not done yet");
         }
         self.reconcile_engine(snapshot, volume, &replicas).await
     }

@@ -423,6 +423,7 @@ impl Controller for ControllerService {
             CapType::ListVolumesPublishedNodes,
             CapType::VolumeCondition,
             CapType::GetVolume,
+            CapType::ExpandVolume,
             CapType::SingleNodeMultiWriter,
         ]
         .into_iter()
@@ -503,9 +504,30 @@ impl Controller for ControllerService {
 
     async fn controller_expand_volume(
         &self,
-        _: Request<csi::ControllerExpandVolumeRequest>,
+        request: Request<csi::ControllerExpandVolumeRequest>,
     ) -> Result<Response<csi::ControllerExpandVolumeResponse>, Status> {
-        Err(Status::unimplemented("volume expansion through CSI is not implemented yet"))
+        let req = request.into_inner();
+        let name = required(&req.volume_id, "volume_id")?;
+        let range = req.capacity_range.as_ref().ok_or(RequestError::Missing("capacity_range"))?;
+        let size = params::size_for(Some(range))?;
+        let filesystem = match req.volume_capability.as_ref() {
+            Some(cap) => matches!(params::check_capability(cap)?, params::AccessType::Mount(_)),
+            None => true,
+        };
+        let _guard = self.busy.claim(name)?;
+        let volume = self.volume(name).await?.ok_or_else(|| Status::not_found(format!("volume {name} not found")))?;
+        let size = size.max(volume.spec.size);
+        let body = json!({ "size": size });
+        call(&self.api, "POST", &format!("/v1/volumes/{name}/expand"), Some(&body)).await.map_err(api_status)?;
+        self.wait(name, "expanded", |v| {
+            let v = v.ok_or_else(|| Status::not_found(format!("volume {name} was deleted")))?;
+            Ok(v.status.as_ref().is_some_and(|s| s.current_size >= size))
+        })
+        .await?;
+        Ok(Response::new(csi::ControllerExpandVolumeResponse {
+            capacity_bytes: size as i64,
+            node_expansion_required: filesystem,
+        }))
     }
 
     async fn controller_get_volume(

@@ -344,11 +344,38 @@ impl Node for NodeService {
         Ok(Response::new(csi::NodeGetVolumeStatsResponse { usage, volume_condition: Some(condition) }))
     }
 
+    /// Grows the filesystem on a published volume to fill its device (the
+    /// engine grew the device at ControllerExpandVolume). A block volume
+    /// has nothing to grow here.
     async fn node_expand_volume(
         &self,
-        _: Request<csi::NodeExpandVolumeRequest>,
+        request: Request<csi::NodeExpandVolumeRequest>,
     ) -> Result<Response<csi::NodeExpandVolumeResponse>, Status> {
-        Err(Status::unimplemented("volume expansion through CSI is not implemented yet"))
+        let req = request.into_inner();
+        let volume = required(&req.volume_id, "volume_id")?;
+        let path = PathBuf::from(required(&req.volume_path, "volume_path")?);
+        let _guard = self.busy.claim(volume)?;
+        let mount = mounts::mount_at(&path)
+            .map_err(internal)?
+            .ok_or_else(|| Status::not_found(format!("nothing is published at {}", path.display())))?;
+        let device = PathBuf::from(format!("/dev/ironhorn/{}", params::volume_name(volume)));
+        if !device.exists() || !shows_device(&mount, &device)? {
+            return Err(Status::not_found(format!("volume {volume} is not what is published at {}", path.display())));
+        }
+        let size = mounts::device_size(&device).map_err(internal)?;
+        let required_bytes = req.capacity_range.as_ref().map(|r| r.required_bytes.max(0) as u64).unwrap_or(0);
+        if size < required_bytes {
+            return Err(Status::failed_precondition(format!(
+                "the device is {size} bytes, short of {required_bytes}: call ControllerExpandVolume first"
+            )));
+        }
+        let block = std::fs::metadata(&path)
+            .map(|m| std::os::unix::fs::FileTypeExt::is_block_device(&m.file_type()))
+            .unwrap_or(false);
+        if !block {
+            mounts::grow(&device, &path, &mount.fs_type).await.map_err(internal)?;
+        }
+        Ok(Response::new(csi::NodeExpandVolumeResponse { capacity_bytes: size as i64 }))
     }
 
     async fn node_get_capabilities(

@@ -104,6 +104,10 @@ pub struct StoreConfig {
     pub backend: BackendKind,
     /// Create the store when it does not exist.
     pub create: bool,
+    /// Grow an existing store of a smaller volume to `volume_size` (an
+    /// expansion made while this replica was not running). Never shrinks;
+    /// off, any other size is refused.
+    pub grow: bool,
 }
 
 impl StoreConfig {
@@ -115,6 +119,7 @@ impl StoreConfig {
             journal_blocks: None,
             backend: BackendKind::Uring,
             create: true,
+            grow: false,
         }
     }
 }
@@ -246,10 +251,17 @@ impl Store {
             .max_by_key(|sb| sb.sequence);
         let store = match best {
             Some(sb) => {
-                if sb.volume_size != config.volume_size {
+                let grow = config.grow && sb.volume_size < config.volume_size;
+                if sb.volume_size != config.volume_size && !grow {
                     return Err(StoreError::SizeMismatch { existing: sb.volume_size, requested: config.volume_size });
                 }
-                Self::load(device, sb).await?
+                let epoch = sb.highest_epoch;
+                let store = Self::load(device, sb).await?;
+                if grow {
+                    tracing::info!(to = config.volume_size, "growing the store to the volume's new size");
+                    store.expand(epoch, config.volume_size).await?;
+                }
+                store
             }
             None if slots.iter().all(|s| *s == SlotContent::Empty) => {
                 Self::format(device, config.volume_size, journal_blocks).await?
