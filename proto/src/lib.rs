@@ -148,7 +148,8 @@ pub mod batch {
 }
 
 pub mod units {
-    //! Sizes as people write them: `1GiB`, `512MiB`, `4096`, `10G` (binary).
+    //! Sizes as people write them: `1GiB`, `512MiB`, `4096`, `10G` (binary),
+    //! and Kubernetes' binary quantities (`10Gi`).
 
     pub fn parse_size(text: &str) -> Result<u64, String> {
         let t = text.trim();
@@ -158,10 +159,10 @@ pub mod units {
             digits.parse().map_err(|_| format!("size {text:?}: expected a number with an optional unit"))?;
         let shift = match unit.trim().to_ascii_lowercase().as_str() {
             "" | "b" => 0,
-            "k" | "kb" | "kib" => 10,
-            "m" | "mb" | "mib" => 20,
-            "g" | "gb" | "gib" => 30,
-            "t" | "tb" | "tib" => 40,
+            "k" | "kb" | "ki" | "kib" => 10,
+            "m" | "mb" | "mi" | "mib" => 20,
+            "g" | "gb" | "gi" | "gib" => 30,
+            "t" | "tb" | "ti" | "tib" => 40,
             other => return Err(format!("size {text:?}: unknown unit {other:?}")),
         };
         value.checked_mul(1u64 << shift).ok_or_else(|| format!("size {text:?} is too large"))
@@ -177,6 +178,7 @@ pub mod units {
             assert_eq!(parse_size("512MiB"), Ok(512 << 20));
             assert_eq!(parse_size("4096"), Ok(4096));
             assert_eq!(parse_size("10G"), Ok(10 << 30));
+            assert_eq!(parse_size("10Gi"), Ok(10 << 30));
             for bad in ["", "1XB", "-1", "99999999999TiB", "GiB"] {
                 assert!(parse_size(bad).is_err(), "{bad:?}");
             }
