@@ -102,6 +102,31 @@ struct CreateVolume {
     stale_replica_timeout: Option<u64>,
     #[serde(default)]
     write_quorum: WriteQuorum,
+    /// snapshot://NAME or volume://NAME: the data to start with.
+    #[serde(default)]
+    data_source: String,
+}
+
+/// Checks a new volume's data source: it exists, and the new volume is at
+/// least as big as what it copies.
+async fn check_data_source<D: Datastore>(store: &D, source: &str, size: u64) -> Result<(), ApiError> {
+    use crate::restore::Source;
+    let source_size = match Source::parse(source).map_err(|e| bad(e.to_string()))? {
+        None => return Ok(()),
+        Some(Source::Snapshot(name)) => {
+            let snapshot = store.get::<Snapshot>(&name).await?.ok_or_else(|| not_found("snapshot", &name))?;
+            let status = snapshot.status.unwrap_or_default();
+            if !status.ready_to_use {
+                return Err(ApiError(StatusCode::CONFLICT, format!("snapshot {name} is not taken yet")));
+            }
+            status.size
+        }
+        Some(Source::Volume(name)) => live_volume(store, &name).await?.spec.size,
+    };
+    if size < source_size {
+        return Err(bad(format!("size {size} is smaller than the {source_size} bytes of {source}")));
+    }
+    Ok(())
 }
 
 fn check_replica_count(replicas: u32) -> Result<(), ApiError> {
@@ -150,6 +175,7 @@ async fn create_volume<D: Datastore>(
         None => settings::get_u64(&store, "default-replica-count").await? as u32,
     };
     check_replica_count(replicas)?;
+    check_data_source(&store, &body.data_source, size).await?;
     let mut volume = Volume::new(
         &body.name,
         VolumeSpec {
@@ -162,6 +188,7 @@ async fn create_volume<D: Datastore>(
             node_selector: body.node_selector,
             disk_selector: body.disk_selector,
             write_quorum: body.write_quorum,
+            data_source: body.data_source,
             ..Default::default()
         },
     );

@@ -138,6 +138,11 @@ pub struct VolumeSpec {
     /// Applies from the next engine start.
     #[serde(default)]
     pub write_quorum: WriteQuorum,
+    /// Where a new volume's data comes from: `snapshot://NAME` (a restore)
+    /// or `volume://NAME` (a clone); "" = empty. Copied before the first
+    /// attach (status.restore).
+    #[serde(default)]
+    pub data_source: String,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -168,6 +173,23 @@ pub struct VolumeStatus {
     /// When robustness last turned degraded ("" = not degraded).
     #[serde(default)]
     pub last_degraded_at: String,
+    /// Filling the volume from its dataSource.
+    #[serde(default)]
+    pub restore: RestoreStatus,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RestoreStatus {
+    /// "" (no source), waiting, copying, done, error
+    #[serde(default)]
+    pub state: String,
+    #[serde(default)]
+    pub bytes_done: u64,
+    #[serde(default)]
+    pub bytes_total: u64,
+    #[serde(default)]
+    pub message: String,
 }
 
 #[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]

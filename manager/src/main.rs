@@ -135,6 +135,10 @@ enum VolumeCommand {
         /// (default: the default-write-majority setting).
         #[arg(long, value_parser = ["one", "majority"])]
         write_quorum: Option<String>,
+        /// Start from a snapshot (snapshot://NAME) or a copy of another
+        /// volume (volume://NAME); copied before the first attach.
+        #[arg(long)]
+        from: Option<String>,
     },
     List,
     Get {
@@ -324,7 +328,7 @@ async fn drive(cli: Cli) -> Result<(), String> {
             ironhorn_manager::csi::serve(config).await
         }
         Command::Volume(command) => match command {
-            VolumeCommand::Create { name, size, replicas, frontend, write_quorum } => {
+            VolumeCommand::Create { name, size, replicas, frontend, write_quorum, from } => {
                 let mut body = json!({ "name": name, "size": size });
                 if let Some(r) = replicas {
                     body["numberOfReplicas"] = json!(r);
@@ -334,6 +338,9 @@ async fn drive(cli: Cli) -> Result<(), String> {
                 }
                 if let Some(q) = write_quorum {
                     body["writeQuorum"] = json!(q);
+                }
+                if let Some(source) = from {
+                    body["dataSource"] = json!(source);
                 }
                 let v = call(api, "POST", "/v1/volumes", Some(&body)).await?;
                 if json_out {

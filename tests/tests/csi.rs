@@ -808,3 +808,161 @@ fn a_detached_volume_grows_offline_and_attaches_at_its_new_size_with_its_data() 
     )
     .unwrap();
 }
+
+/// Reads every file under `dir` into (name → bytes).
+fn read_tree(dir: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_type().unwrap().is_file())
+        .map(|e| (e.file_name().to_string_lossy().into_owned(), std::fs::read(e.path()).unwrap()))
+        .collect()
+}
+
+#[test]
+fn a_snapshot_restores_and_a_live_volume_clones_into_bigger_volumes_with_exactly_their_bytes() {
+    require_tool("xfs_growfs", "xfsprogs");
+    // xfs (see the online-growth test); the copies share the source's
+    // filesystem UUID, so they mount with nouuid beside it.
+    let cluster = StandaloneCluster::start("csi-clone", 3, 33500, "3GiB");
+    let d = Driver::start(&cluster, &["n-1", "n-2", "n-3"]);
+    let work = cluster.dir.path().join("kubelet");
+    let paths = |tag: &str| (work.join(tag).join("staging"), work.join(tag).join("target"));
+    let (src_staging, src_target) = paths("src");
+    let (res_staging, res_target) = paths("restore");
+    let (cl_staging, cl_target) = paths("clone");
+    for dir in ["src", "restore", "clone"] {
+        std::fs::create_dir_all(work.join(dir)).unwrap();
+    }
+    let _mounts = Mounts(vec![
+        src_staging.clone(),
+        src_target.clone(),
+        res_staging.clone(),
+        res_target.clone(),
+        cl_staging.clone(),
+        cl_target.clone(),
+    ]);
+    let cap = mount_cap("xfs");
+    let mut copy_cap = mount_cap("xfs");
+    if let Some(AccessType::Mount(m)) = &mut copy_cap.access_type {
+        m.mount_flags = vec!["nouuid".into()];
+    }
+    let src = "pvc-src-1";
+    d.call(d.controller().create_volume(create_request(src, 320 << 20, 2, cap.clone()))).unwrap();
+    let ctx = publish(&d, src, "n-1", &cap);
+    stage_and_publish(&d, src, "n-1", &cap, &ctx, &src_staging, &src_target);
+    let before = write_files(&src_target);
+    let snap = d
+        .call(d.controller().create_snapshot(csi::CreateSnapshotRequest {
+            source_volume_id: src.into(),
+            name: "snapshot-src-1".into(),
+            ..Default::default()
+        }))
+        .unwrap()
+        .snapshot
+        .unwrap();
+    cluster.wait(Duration::from_secs(60), "the snapshot is ready", || {
+        d.call(
+            d.controller().list_snapshots(csi::ListSnapshotsRequest {
+                snapshot_id: snap.snapshot_id.clone(),
+                ..Default::default()
+            }),
+        )
+        .unwrap()
+        .entries
+        .first()
+        .is_some_and(|e| e.snapshot.as_ref().unwrap().ready_to_use)
+    });
+    // Written after the snapshot: in the clone, not in the restore.
+    std::fs::write(src_target.join("after-snapshot"), vec![0x5au8; 200_000]).unwrap();
+    std::fs::File::open(src_target.join("after-snapshot")).unwrap().sync_all().unwrap();
+    std::fs::write(src_target.join("file-0"), b"changed after the snapshot").unwrap();
+    std::fs::File::open(src_target.join("file-0")).unwrap().sync_all().unwrap();
+    let at_clone = read_tree(&src_target);
+
+    let from = |id: &str, snapshot: bool| csi::VolumeContentSource {
+        r#type: Some(if snapshot {
+            csi::volume_content_source::Type::Snapshot(csi::volume_content_source::SnapshotSource {
+                snapshot_id: id.into(),
+            })
+        } else {
+            csi::volume_content_source::Type::Volume(csi::volume_content_source::VolumeSource { volume_id: id.into() })
+        }),
+    };
+    let restore = "pvc-restore-1";
+    let made = d
+        .call(d.controller().create_volume(csi::CreateVolumeRequest {
+            volume_content_source: Some(from(&snap.snapshot_id, true)),
+            ..create_request(restore, 400 << 20, 2, cap.clone())
+        }))
+        .expect("CreateVolume from a snapshot");
+    assert_eq!(made.volume.unwrap().content_source, Some(from(&snap.snapshot_id, true)));
+    let clone = "pvc-clone-1";
+    d.call(d.controller().create_volume(csi::CreateVolumeRequest {
+        volume_content_source: Some(from(src, false)),
+        ..create_request(clone, 448 << 20, 2, cap.clone())
+    }))
+    .expect("CreateVolume from a volume");
+    // A source that does not exist: NOT_FOUND; a smaller new volume: OUT_OF_RANGE.
+    let err = d
+        .call(d.controller().create_volume(csi::CreateVolumeRequest {
+            volume_content_source: Some(from("snapshot-nope", true)),
+            ..create_request("pvc-restore-bad", 400 << 20, 1, cap.clone())
+        }))
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound, "{err:?}");
+    let err = d
+        .call(d.controller().create_volume(csi::CreateVolumeRequest {
+            volume_content_source: Some(from(src, false)),
+            ..create_request("pvc-clone-small", 64 << 20, 1, cap.clone())
+        }))
+        .unwrap_err();
+    assert_eq!(err.code(), Code::OutOfRange, "{err:?}");
+
+    let check = |volume: &str,
+                 node: &str,
+                 staging: &Path,
+                 target: &Path,
+                 want: &std::collections::BTreeMap<String, Vec<u8>>| {
+        let ctx = publish(&d, volume, node, &copy_cap);
+        stage_and_publish(&d, volume, node, &copy_cap, &ctx, staging, target);
+        let got = read_tree(target);
+        assert_eq!(got.keys().collect::<Vec<_>>(), want.keys().collect::<Vec<_>>(), "{volume}: the files");
+        for (name, bytes) in want {
+            assert!(got[name] == *bytes, "{volume}: {name} differs");
+        }
+        let df = |p: &Path| -> u64 {
+            let out = run("df", &["-B1", "--output=size", p.to_str().unwrap()]).unwrap();
+            out.lines().nth(1).unwrap().trim().parse().unwrap()
+        };
+        let small = df(target);
+        let size = cluster.volume(volume)["spec"]["size"].as_i64().unwrap();
+        d.call(d.node(node).node_expand_volume(csi::NodeExpandVolumeRequest {
+            volume_id: volume.into(),
+            volume_path: target.to_str().unwrap().into(),
+            capacity_range: Some(csi::CapacityRange { required_bytes: size, limit_bytes: 0 }),
+            ..Default::default()
+        }))
+        .expect("NodeExpandVolume");
+        let grown = df(target);
+        assert!(grown >= small + (64 << 20), "{volume}: the filesystem fills the bigger volume: {small} -> {grown}");
+        assert_eq!(read_tree(target).len(), want.len());
+    };
+    let at_snapshot: std::collections::BTreeMap<String, Vec<u8>> =
+        before.iter().map(|(p, b)| (p.file_name().unwrap().to_string_lossy().into_owned(), b.clone())).collect();
+    check(restore, "n-2", &res_staging, &res_target, &at_snapshot);
+    check(clone, "n-3", &cl_staging, &cl_target, &at_clone);
+    let restored = cluster.volume(restore);
+    assert_eq!(restored["status"]["restore"]["state"], "done");
+    assert_eq!(restored["status"]["restore"]["bytesDone"], 320 << 20);
+    cluster.wait(Duration::from_secs(30), "the clone's own snapshot is gone", || {
+        cluster.cli(&["snapshot", "list", src]).unwrap().lines().all(|l| !l.contains("pvc-clone-1-clone"))
+    });
+    for (volume, node, staging, target) in [
+        (restore, "n-2", &res_staging, &res_target),
+        (clone, "n-3", &cl_staging, &cl_target),
+        (src, "n-1", &src_staging, &src_target),
+    ] {
+        unpublish_and_unstage(&d, volume, node, staging, target);
+    }
+}

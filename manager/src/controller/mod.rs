@@ -10,7 +10,7 @@
 //! higher than any it was started with before (written first, then the
 //! process is created), so two engines of a volume never share an epoch.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -33,6 +33,7 @@ mod heal;
 mod nodes;
 mod placement;
 mod replicas;
+mod restore;
 mod volume_snapshots;
 
 pub use placement::{disk_candidates, limits};
@@ -129,6 +130,8 @@ pub struct Controller<D: Datastore, C: Cluster> {
     /// Volume → since when its engine's report has disagreed with the
     /// replica set it was given (in memory: a restart just waits afresh).
     view_stale_since: Arc<Mutex<HashMap<String, std::time::Instant>>>,
+    /// Volumes a copy task of this manager is filling (see `restore`).
+    restoring: Arc<Mutex<HashSet<String>>>,
 }
 
 /// How long an engine may disagree with the replica set it was given before
@@ -144,7 +147,7 @@ fn ds(e: datastore::Error) -> String {
 
 impl<D: Datastore, C: Cluster> Controller<D, C> {
     pub fn new(store: D, cluster: C) -> Self {
-        Self { store, cluster, view_stale_since: Arc::default() }
+        Self { store, cluster, view_stale_since: Arc::default(), restoring: Arc::default() }
     }
 
     /// Reconciles until `stop` resolves: on every change, and at least every
@@ -264,6 +267,15 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
         }
         if let Err(e) = self.reconcile_expansion(snapshot, volume, &replicas).await {
             tracing::warn!(volume = %name, error = %e, "expansion not done yet");
+        }
+        // A volume filled from a source attaches once the copy is done.
+        match self.reconcile_restore(snapshot, volume).await {
+            Ok(true) => {}
+            Ok(false) => return self.set_volume_status(&name, |s| s.state = "restoring".into()).await,
+            Err(e) => {
+                tracing::warn!(volume = %name, error = %e, "restore not done yet");
+                return Ok(());
+            }
         }
         self.reconcile_engine(snapshot, volume, &replicas).await
     }

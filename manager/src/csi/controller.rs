@@ -42,11 +42,21 @@ pub fn csi_volume(v: &Volume) -> csi::Volume {
         capacity_bytes: v.spec.size as i64,
         volume_id: v.metadata.name.clone().unwrap_or_default(),
         volume_context: Default::default(),
-        content_source: None,
+        content_source: content_source(&v.spec.data_source),
         // Reachable from every node: the engine runs where it is attached
         // and talks to its replicas over the network.
         accessible_topology: Vec::new(),
     }
+}
+
+/// A volume's dataSource as CSI shows it.
+fn content_source(data_source: &str) -> Option<csi::VolumeContentSource> {
+    use csi::volume_content_source::{SnapshotSource, Type, VolumeSource};
+    let t = match crate::restore::Source::parse(data_source).ok()?? {
+        crate::restore::Source::Snapshot(id) => Type::Snapshot(SnapshotSource { snapshot_id: id }),
+        crate::restore::Source::Volume(id) => Type::Volume(VolumeSource { volume_id: id }),
+    };
+    Some(csi::VolumeContentSource { r#type: Some(t) })
 }
 
 /// Abnormal when the volume is degraded or faulted, with why.
@@ -169,9 +179,19 @@ fn create_body(name: &str, size: u64, p: &params::VolumeParams) -> Value {
 /// up (state detached). When it cannot be scheduled it is deleted again and
 /// the scheduler's reason comes back as RESOURCE_EXHAUSTED. Shared with the
 /// node service's ephemeral volumes.
-pub async fn create_and_wait(api: &str, name: &str, size: u64, p: &params::VolumeParams) -> Result<Volume, Status> {
+pub async fn create_and_wait(
+    api: &str,
+    name: &str,
+    size: u64,
+    p: &params::VolumeParams,
+    data_source: &str,
+) -> Result<Volume, Status> {
     let service = ControllerService { api: api.to_string(), busy: Busy::default() };
-    match call(api, "POST", "/v1/volumes", Some(&create_body(name, size, p))).await {
+    let mut body = create_body(name, size, p);
+    if !data_source.is_empty() {
+        body["dataSource"] = json!(data_source);
+    }
+    match call(api, "POST", "/v1/volumes", Some(&body)).await {
         Ok(_) => {}
         Err(CallError::Refused { status: 409, .. }) => {} // made by an earlier try
         Err(e) => return Err(api_status(e)),
@@ -189,7 +209,9 @@ pub async fn create_and_wait(api: &str, name: &str, size: u64, p: &params::Volum
                 *unschedulable.lock().unwrap_or_else(|e| e.into_inner()) = Some(c.message.clone());
                 return Ok(true);
             }
-            Ok(matches!(status.state.as_str(), "detached" | "attached" | "attaching"))
+            // A volume with a source is usable once its copy is done;
+            // attaching it waits for that (status.restore).
+            Ok(matches!(status.state.as_str(), "detached" | "attached" | "attaching" | "restoring"))
         })
         .await?;
     if let Some(why) = unschedulable.into_inner().unwrap_or_else(|e| e.into_inner()) {
@@ -216,11 +238,6 @@ impl Controller for ControllerService {
         params::check_capabilities(&req.volume_capabilities)?;
         let p = params::parse_parameters(&req.parameters, false)?;
         let size = params::size_for(req.capacity_range.as_ref())?;
-        if req.volume_content_source.is_some() {
-            return Err(Status::unimplemented(
-                "volume_content_source: creating a volume from a snapshot or another volume is not implemented yet",
-            ));
-        }
         if p.data_locality == params::DataLocality::BestEffort {
             return Err(RequestError::BadParameter {
                 key: "dataLocality".into(),
@@ -230,6 +247,8 @@ impl Controller for ControllerService {
         }
         let name = params::volume_name(csi_name);
         let _guard = self.busy.claim(&name)?;
+        let (data_source, size) =
+            self.data_source(req.volume_content_source.as_ref(), req.capacity_range.as_ref(), size).await?;
         if let Some(existing) = self.volume(&name).await? {
             if existing.metadata.deletion_timestamp.is_some() {
                 return Err(Status::aborted(format!("volume {name} is being deleted; retry")));
@@ -237,8 +256,14 @@ impl Controller for ControllerService {
             if let Err(why) = compatible(&existing, req.capacity_range.as_ref(), &p) {
                 return Err(Status::already_exists(format!("volume {csi_name:?} exists and differs: {why}")));
             }
+            if existing.spec.data_source != data_source {
+                return Err(Status::already_exists(format!(
+                    "volume {csi_name:?} exists with another content source ({:?})",
+                    existing.spec.data_source
+                )));
+            }
         }
-        let volume = create_and_wait(&self.api, &name, size, &p).await?;
+        let volume = create_and_wait(&self.api, &name, size, &p, &data_source).await?;
         Ok(Response::new(csi::CreateVolumeResponse { volume: Some(csi_volume(&volume)) }))
     }
 
@@ -424,6 +449,7 @@ impl Controller for ControllerService {
             CapType::VolumeCondition,
             CapType::GetVolume,
             CapType::ExpandVolume,
+            CapType::CloneVolume,
             CapType::SingleNodeMultiWriter,
         ]
         .into_iter()
@@ -552,6 +578,49 @@ fn published_on(v: &Volume) -> Vec<String> {
 }
 
 impl ControllerService {
+    /// The manager's dataSource for a CSI content source, and the size the
+    /// new volume gets: the one asked for, or the source's when none was;
+    /// smaller than the source is OUT_OF_RANGE, an unknown source NOT_FOUND.
+    async fn data_source(
+        &self,
+        source: Option<&csi::VolumeContentSource>,
+        range: Option<&csi::CapacityRange>,
+        size: u64,
+    ) -> Result<(String, u64), Status> {
+        use csi::volume_content_source::Type;
+        let (data_source, source_size) = match source.and_then(|s| s.r#type.as_ref()) {
+            None => return Ok((String::new(), size)),
+            Some(Type::Snapshot(s)) => {
+                let id = required(&s.snapshot_id, "volume_content_source.snapshot.snapshot_id")?;
+                let all = self.snapshots().await?;
+                let snapshot = all
+                    .iter()
+                    .find(|x| x.metadata.name.as_deref() == Some(id))
+                    .ok_or_else(|| Status::not_found(format!("snapshot {id} not found")))?;
+                let status = snapshot.status.clone().unwrap_or_default();
+                if !status.ready_to_use {
+                    return Err(Status::unavailable(format!("snapshot {id} is not taken yet; retry")));
+                }
+                (format!("snapshot://{id}"), status.size)
+            }
+            Some(Type::Volume(v)) => {
+                let id = required(&v.volume_id, "volume_content_source.volume.volume_id")?;
+                let volume =
+                    self.volume(id).await?.ok_or_else(|| Status::not_found(format!("volume {id} not found")))?;
+                (format!("volume://{id}"), volume.spec.size)
+            }
+        };
+        let asked = range.is_some_and(|r| r.required_bytes > 0 || r.limit_bytes > 0);
+        let size = if asked { size } else { source_size };
+        if size < source_size {
+            return Err(RequestError::OutOfRange(format!(
+                "{size} bytes is smaller than the {source_size} bytes of {data_source}"
+            ))
+            .into());
+        }
+        Ok((data_source, size))
+    }
+
     async fn snapshots(&self) -> Result<Vec<crd::Snapshot>, Status> {
         let all = call(&self.api, "GET", "/v1/snapshots", None).await.map_err(api_status)?;
         all.as_array().cloned().unwrap_or_default().into_iter().map(to_snapshot).collect()

@@ -151,7 +151,7 @@ impl NodeService {
         let p = params::parse_parameters(context, true)?;
         let size = p.size.unwrap_or(params::DEFAULT_SIZE);
         let result = async {
-            create_and_wait(&self.api, name, size, &p).await?;
+            create_and_wait(&self.api, name, size, &p, "").await?;
             let body = json!({ "node": self.node_id, "frontend": "blockdev" });
             call(&self.api, "POST", &format!("/v1/volumes/{name}/attach"), Some(&body)).await.map_err(api_status)?;
             let attached = crate::client::wait_for(&self.api, name, Duration::from_secs(90), |v| {

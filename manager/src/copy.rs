@@ -1,0 +1,95 @@
+//! Copies a snapshot's view of a volume into new replicas: read in chunks
+//! from one replica that has the snapshot (ReadLayer, merged), write every
+//! chunk that is not all zeroes into each target's head (WriteLayer; a new
+//! store reads zeroes already), then flush each target so the copy is
+//! durable before the volume is ever attached. Writes are idempotent, so an
+//! interrupted copy resumes from the last offset it recorded.
+
+use futures_util::StreamExt;
+use ironhorn_proto::replica::replica_client::ReplicaClient;
+use ironhorn_proto::replica::{
+    InfoRequest, IoOp, IoRequest, IoRequests, IoStatus, ReadLayerRequest, WriteLayerRequest,
+};
+use tonic::transport::Channel;
+
+/// Bytes per read and write.
+pub const CHUNK: u64 = 1 << 20;
+
+async fn client(address: &str) -> Result<ReplicaClient<Channel>, String> {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
+        .map_err(|e| format!("{address}: {e}"))?
+        .connect()
+        .await
+        .map_err(|e| format!("connect to replica {address}: {e}"))?;
+    Ok(ReplicaClient::new(channel).max_decoding_message_size(16 << 20).max_encoding_message_size(16 << 20))
+}
+
+/// Makes a target's writes durable: one FLUSH on its data stream.
+async fn flush(target: &mut ReplicaClient<Channel>, address: &str, epoch: u64) -> Result<(), String> {
+    let request = IoRequest { id: 1, op: IoOp::Flush as i32, epoch, ..Default::default() };
+    let requests = futures_util::stream::iter(vec![IoRequests { requests: vec![request] }]);
+    let mut responses = target.io(requests).await.map_err(|e| format!("flush {address}: {e}"))?.into_inner();
+    let batch = responses
+        .next()
+        .await
+        .ok_or_else(|| format!("flush {address}: no answer"))?
+        .map_err(|e| format!("flush {address}: {e}"))?;
+    match batch.responses.first() {
+        Some(r) if r.status == IoStatus::Ok as i32 => Ok(()),
+        Some(r) => Err(format!("flush {address}: {}", r.message)),
+        None => Err(format!("flush {address}: empty answer")),
+    }
+}
+
+/// Copies bytes [from, bytes) of `snapshot` as seen on `source` into every
+/// target; `progress(done)` after each chunk.
+pub async fn copy_snapshot(
+    source: &str,
+    snapshot: &str,
+    targets: &[String],
+    bytes: u64,
+    from: u64,
+    progress: impl Fn(u64),
+) -> Result<(), String> {
+    let mut reader = client(source).await?;
+    let mut writers = Vec::new();
+    for address in targets {
+        let mut c = client(address).await?;
+        // Its epoch as it stands (a volume is restored before any engine).
+        let epoch = c.info(InfoRequest {}).await.map_err(|e| format!("{address}: {e}"))?.into_inner().highest_epoch;
+        writers.push((address.clone(), c, epoch));
+    }
+    let mut offset = from / CHUNK * CHUNK;
+    while offset < bytes {
+        let length = CHUNK.min(bytes - offset);
+        let request = ReadLayerRequest { layer: snapshot.to_string(), offset, length, merged: true };
+        let data = reader
+            .read_layer(request)
+            .await
+            .map_err(|e| format!("read snapshot {snapshot} at {offset} from {source}: {e}"))?
+            .into_inner()
+            .data;
+        if data.len() as u64 != length {
+            return Err(format!("read snapshot {snapshot} at {offset}: {} bytes, not {length}", data.len()));
+        }
+        if data.iter().any(|&b| b != 0) {
+            for (address, writer, epoch) in &mut writers {
+                let request = WriteLayerRequest {
+                    layer: String::new(),
+                    offset,
+                    data: data.clone(),
+                    zero: false,
+                    length,
+                    epoch: *epoch,
+                };
+                writer.write_layer(request).await.map_err(|e| format!("write {address} at {offset}: {e}"))?;
+            }
+        }
+        offset += length;
+        progress(offset);
+    }
+    for (address, writer, epoch) in &mut writers {
+        flush(writer, address, *epoch).await?;
+    }
+    Ok(())
+}
