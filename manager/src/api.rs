@@ -105,6 +105,8 @@ struct CreateVolume {
     /// snapshot://NAME or volume://NAME: the data to start with.
     #[serde(default)]
     data_source: String,
+    #[serde(default)]
+    data_locality: DataLocality,
 }
 
 /// Checks a new volume's data source: it exists, and the new volume is at
@@ -189,6 +191,7 @@ async fn create_volume<D: Datastore>(
             disk_selector: body.disk_selector,
             write_quorum: body.write_quorum,
             data_source: body.data_source,
+            data_locality: body.data_locality,
             ..Default::default()
         },
     );

@@ -82,6 +82,17 @@ pub enum SoftAntiAffinity {
     Disabled,
 }
 
+/// Whether a volume keeps one replica on the node it is attached to.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum DataLocality {
+    #[default]
+    Disabled,
+    /// While attached, one replica on the attached node where a disk there
+    /// has room: one is added there, then one elsewhere removed.
+    BestEffort,
+}
+
 /// How many replicas must acknowledge a write before the engine does.
 /// `Default` defers to the `default-write-majority` setting.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -143,6 +154,8 @@ pub struct VolumeSpec {
     /// attach (status.restore).
     #[serde(default)]
     pub data_source: String,
+    #[serde(default)]
+    pub data_locality: DataLocality,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]

@@ -12,10 +12,13 @@
 //! 3. A rebuild is running (a WO replica) → nothing more: rebuilds are
 //!    sequential per volume. Nor while the target node has reached its limit
 //!    of concurrent rebuilds.
-//! 4. Enough healthy replicas → nothing (only stale cleanup). More healthy
-//!    replicas than wanted (the replica count was lowered) → remove one, a
-//!    replica on an unusable node or disk first, then by name; one per pass,
-//!    so the engine's view is current before the next.
+//! 4. Data locality (best-effort): a volume with enough healthy replicas,
+//!    none on the node it is attached to, and a disk there with room → one
+//!    more replica there. More healthy replicas than wanted (the replica
+//!    count was lowered, or a local one was added) → remove one, a replica
+//!    on an unusable node or disk first, never the attached node's while
+//!    locality is on, then by name; one per pass, so the engine's view is
+//!    current before the next. Enough → nothing (only stale cleanup).
 //! 5. Reuse a failed replica whose node and disk are usable and whose data
 //!    exists, most recently failed first, if its retry count is under the
 //!    maximum and its backoff has passed since it failed. If such a replica is
@@ -60,6 +63,15 @@ pub struct VolumeView {
     pub degraded_since: Option<Timestamp>,
     /// Rebuilds currently running with their target on each node (all volumes).
     pub rebuilds_on_node: std::collections::HashMap<String, usize>,
+    /// Best-effort data locality: the attached node, and whether a disk
+    /// there can take a replica. None: locality off.
+    pub local: Option<Local>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Local {
+    pub node: String,
+    pub room: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -84,6 +96,10 @@ pub enum Action {
         retry: u32,
     },
     Create,
+    /// Best-effort locality: one more replica on this (the attached) node.
+    CreateLocal {
+        node: String,
+    },
     /// Faulted: restart from these replicas (their data exists).
     Salvage {
         replicas: Vec<String>,
@@ -167,10 +183,23 @@ fn decide_action(
         return Action::Wait(format!("replica {} is rebuilding; rebuilds are sequential", r.name));
     }
     let healthy = volume.replicas.iter().filter(|r| r.failed_at.is_none()).count();
+    let is_local = |r: &ReplicaView| volume.local.as_ref().is_some_and(|l| l.node == r.node);
+    if let Some(local) = &volume.local
+        && healthy >= volume.desired
+        && local.room
+        && !volume.replicas.iter().any(|r| r.failed_at.is_none() && is_local(r))
+    {
+        return Action::CreateLocal { node: local.node.clone() };
+    }
     if healthy > volume.desired {
-        let mut extra: Vec<&ReplicaView> =
-            volume.replicas.iter().filter(|r| r.failed_at.is_none() && r.mode.as_deref() == Some("RW")).collect();
-        if extra.len() > 1 {
+        let mut extra: Vec<&ReplicaView> = volume
+            .replicas
+            .iter()
+            .filter(|r| r.failed_at.is_none() && r.mode.as_deref() == Some("RW"))
+            .filter(|r| !(is_local(r) && r.usable))
+            .collect();
+        // Never the last RW replica.
+        if !extra.is_empty() && rw > 1 {
             extra.sort_by(|a, b| a.usable.cmp(&b.usable).then_with(|| b.name.cmp(&a.name)));
             return Action::Remove { replica: extra[0].name.clone() };
         }
@@ -258,6 +287,7 @@ mod tests {
             view_current: true,
             degraded_since: Some(t(0)),
             rebuilds_on_node: Default::default(),
+            local: None,
         }
     }
 
@@ -415,5 +445,29 @@ mod tests {
         assert!(matches!(decide(&v, &policy(0)).action, Action::Wait(_)));
         v.replicas = vec![rw("r-a", "n-1")];
         assert_eq!(decide(&v, &policy(0)).action, Action::Nothing);
+    }
+
+    #[test]
+    fn best_effort_locality_adds_a_replica_on_the_attached_node_then_removes_one_elsewhere() {
+        let local = |room| Some(Local { node: "n3".into(), room });
+        let v = VolumeView { desired: 2, local: local(true), ..volume(vec![rw("a", "n1"), rw("b", "n2")]) };
+        assert_eq!(decide(&v, &policy(0)).action, Action::CreateLocal { node: "n3".into() });
+        let v = VolumeView { desired: 2, local: local(false), ..volume(vec![rw("a", "n1"), rw("b", "n2")]) };
+        assert_eq!(decide(&v, &policy(0)).action, Action::Nothing, "no room there: nothing");
+        // The local one rebuilt: one elsewhere goes, never the local one.
+        let v =
+            VolumeView { desired: 2, local: local(true), ..volume(vec![rw("a", "n1"), rw("b", "n2"), rw("c", "n3")]) };
+        assert_eq!(decide(&v, &policy(0)).action, Action::Remove { replica: "b".into() });
+        let v = VolumeView { desired: 2, local: local(true), ..volume(vec![rw("a", "n1"), rw("c", "n3")]) };
+        assert_eq!(decide(&v, &policy(0)).action, Action::Nothing, "settled");
+        // One replica wanted: the local one replaces it.
+        let v = VolumeView { desired: 1, local: local(true), ..volume(vec![rw("a", "n1"), rw("c", "n3")]) };
+        assert_eq!(decide(&v, &policy(0)).action, Action::Remove { replica: "a".into() });
+        // Degraded volumes heal first (the ordinary rules).
+        let mut failed = rw("b", "n2");
+        failed.failed_at = Some(t(0));
+        failed.data_exists = Some(false);
+        let v = VolumeView { desired: 2, local: local(true), ..volume(vec![rw("a", "n1"), failed]) };
+        assert_eq!(decide(&v, &policy(10)).action, Action::Create);
     }
 }

@@ -966,3 +966,52 @@ fn a_snapshot_restores_and_a_live_volume_clones_into_bigger_volumes_with_exactly
         unpublish_and_unstage(&d, volume, node, staging, target);
     }
 }
+
+#[test]
+fn best_effort_data_locality_moves_a_replica_to_the_node_the_volume_is_published_on() {
+    require_tool("mkfs.ext4", "e2fsprogs");
+    let cluster = StandaloneCluster::start("csi-local", 3, 34000, "1GiB");
+    let work = cluster.dir.path().join("kubelet");
+    std::fs::create_dir_all(&work).unwrap();
+    let (staging, target) = (work.join("staging"), work.join("target"));
+    let _mounts = Mounts(vec![staging.clone(), target.clone()]);
+    let cap = mount_cap("ext4");
+    let name = "pvc-local-1";
+    let mut d = Driver::start(&cluster, &["n-1"]);
+    let mut req = create_request(name, 48 << 20, 2, cap.clone());
+    req.parameters.insert("dataLocality".into(), "best-effort".into());
+    d.call(d.controller().create_volume(req)).unwrap();
+    let nodes_of = || -> Vec<String> {
+        let mut n: Vec<String> =
+            cluster.replicas_of(name).iter().map(|r| r["spec"]["nodeID"].as_str().unwrap().to_string()).collect();
+        n.sort();
+        n
+    };
+    let first = nodes_of();
+    let away = ["n-1", "n-2", "n-3"].into_iter().find(|n| !first.iter().any(|f| f == n)).unwrap();
+    d.start_plugin(away);
+    let ctx = publish(&d, name, away, &cap);
+    stage_and_publish(&d, name, away, &cap, &ctx, &staging, &target);
+    let files = write_files(&target);
+    cluster.wait(Duration::from_secs(120), "a replica on the attached node, two in all, healthy", || {
+        let nodes = nodes_of();
+        let v = cluster.volume(name);
+        nodes.len() == 2 && nodes.iter().any(|n| n == away) && v["status"]["robustness"] == "healthy"
+    });
+    for (path, data) in &files {
+        assert!(std::fs::read(path).unwrap() == *data, "{} differs", path.display());
+    }
+    let events = cluster.cli(&["event", "list", "--volume", name]).unwrap();
+    assert!(events.contains("data locality"), "{events}");
+    unpublish_and_unstage(&d, name, away, &staging, &target);
+    // The data holds on the replicas left: publish elsewhere and read.
+    let ctx = publish(&d, name, "n-1", &cap);
+    let (staging, target) = (work.join("staging-2"), work.join("target-2"));
+    let _more = Mounts(vec![staging.clone(), target.clone()]);
+    stage_and_publish(&d, name, "n-1", &cap, &ctx, &staging, &target);
+    for (path, data) in &files {
+        let moved = target.join(path.file_name().unwrap());
+        assert!(std::fs::read(&moved).unwrap() == *data);
+    }
+    unpublish_and_unstage(&d, name, "n-1", &staging, &target);
+}

@@ -196,6 +196,10 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
             view_current,
             degraded_since: volume.status.as_ref().and_then(|s| parse(&s.last_degraded_at)),
             rebuilds_on_node,
+            local: (volume.spec.data_locality == DataLocality::BestEffort).then(|| replenish::Local {
+                node: engine.spec.node_id.clone(),
+                room: self.local_pick(snapshot, volume, replicas, &engine.spec.node_id).is_ok(),
+            }),
         };
         let secs = |v: u64| Duration::from_secs(v);
         let stale_timeout = if volume.spec.stale_replica_timeout > 0 {
@@ -248,6 +252,14 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
                 Ok(())
             }
             Action::Create => self.create_replacement(snapshot, volume, replicas).await,
+            Action::CreateLocal { node } => {
+                let pick = self.local_pick(snapshot, volume, replicas, &node).map_err(|e| e.to_string())?;
+                let replica_name = self.create_replica_object(snapshot, volume, &pick.node, &pick.disk).await?;
+                let message =
+                    format!("created replica {replica_name} on {node}, where the volume is attached (data locality)");
+                events::record(&self.store, &name, Normal, "ReplicaCreated", &message).await;
+                Ok(())
+            }
             Action::Salvage { .. } => self.salvage(snapshot, volume, replicas, Some((engine, engine_address))).await,
             Action::Remove { replica } => {
                 // Out of the engine first (it refuses to drop its last RW
@@ -272,6 +284,36 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
         }
     }
 
+    /// A disk on `node` for one more replica of the volume (data locality).
+    fn local_pick(
+        &self,
+        snapshot: &Snapshot,
+        volume: &Volume,
+        replicas: &[&Replica],
+        node: &str,
+    ) -> Result<Placed, scheduler::Unschedulable> {
+        let placed = Self::placed(snapshot, replicas);
+        let request = Self::scheduling_request(&snapshot.settings, volume, placed);
+        let here: Vec<DiskCandidate> = Self::candidates(snapshot).into_iter().filter(|c| c.node == node).collect();
+        scheduler::schedule_replica(&request, &here, limits(&snapshot.settings)).map(|c| Placed {
+            node: c.node.clone(),
+            disk: c.disk.clone(),
+            zone: c.zone.clone(),
+        })
+    }
+
+    /// Where the volume's healthy replicas are.
+    fn placed(snapshot: &Snapshot, replicas: &[&Replica]) -> Vec<Placed> {
+        replicas
+            .iter()
+            .filter(|r| r.spec.failed_at.is_empty())
+            .map(|r| {
+                let zone = snapshot.node(&r.spec.node_id).and_then(|n| n.status.as_ref()).map(|s| s.zone.clone());
+                Placed { node: r.spec.node_id.clone(), disk: r.spec.disk_id.clone(), zone: zone.unwrap_or_default() }
+            })
+            .collect()
+    }
+
     pub(super) async fn create_replacement(
         &self,
         snapshot: &Snapshot,
@@ -279,14 +321,7 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
         replicas: &[&Replica],
     ) -> Outcome {
         let name = volume.name_any();
-        let placed = replicas
-            .iter()
-            .filter(|r| r.spec.failed_at.is_empty())
-            .map(|r| {
-                let zone = snapshot.node(&r.spec.node_id).and_then(|n| n.status.as_ref()).map(|s| s.zone.clone());
-                Placed { node: r.spec.node_id.clone(), disk: r.spec.disk_id.clone(), zone: zone.unwrap_or_default() }
-            })
-            .collect();
+        let placed = Self::placed(snapshot, replicas);
         let request = Self::scheduling_request(&snapshot.settings, volume, placed);
         let limits = limits(&snapshot.settings);
         let now = now();

@@ -172,6 +172,9 @@ fn create_body(name: &str, size: u64, p: &params::VolumeParams) -> Value {
     if let Some(q) = p.write_quorum {
         body["writeQuorum"] = json!(q);
     }
+    if p.data_locality == params::DataLocality::BestEffort {
+        body["dataLocality"] = json!("best-effort");
+    }
     body
 }
 
@@ -238,13 +241,6 @@ impl Controller for ControllerService {
         params::check_capabilities(&req.volume_capabilities)?;
         let p = params::parse_parameters(&req.parameters, false)?;
         let size = params::size_for(req.capacity_range.as_ref())?;
-        if p.data_locality == params::DataLocality::BestEffort {
-            return Err(RequestError::BadParameter {
-                key: "dataLocality".into(),
-                why: "best-effort is not implemented yet; use disabled".into(),
-            }
-            .into());
-        }
         let name = params::volume_name(csi_name);
         let _guard = self.busy.claim(&name)?;
         let (data_source, size) =
