@@ -365,7 +365,8 @@ fn valid_snapshot_name(name: &str) -> bool {
 }
 
 /// Asks for a snapshot of the volume: the controller takes it through the
-/// engine while the volume is attached (status readyToUse says when). The
+/// engine while the volume is attached, on its replicas while it is
+/// detached (status readyToUse says when). The
 /// same name for the same volume again is the same snapshot.
 async fn create_snapshot<D: Datastore>(
     State(store): State<D>,

@@ -42,6 +42,18 @@ pub trait Cluster: Clone + Send + Sync + 'static {
     fn engine_expand(&self, engine: &str, size: u64) -> impl Future<Output = Result<(), String>> + Send;
     /// Grows one replica's store directly (its volume has no engine).
     fn replica_expand(&self, replica: &str, size: u64, epoch: u64) -> impl Future<Output = Result<(), String>> + Send;
+    /// A snapshot op on one replica of a detached volume (at `epoch`, the
+    /// replica's highest); returns what the replica holds after it.
+    fn replica_snapshot(
+        &self,
+        replica: &str,
+        op: SnapshotOp,
+        epoch: u64,
+    ) -> impl Future<Output = Result<Vec<ironhorn_proto::replica::Snapshot>, String>> + Send;
+    fn replica_info(
+        &self,
+        replica: &str,
+    ) -> impl Future<Output = Result<ironhorn_proto::replica::InfoResponse, String>> + Send;
     fn engine_snapshot(
         &self,
         engine: &str,
@@ -151,6 +163,37 @@ impl Cluster for GrpcCluster {
         let request = ironhorn_proto::replica::ExpandRequest { size_bytes: size, epoch };
         client.expand(request).await.map_err(|e| status(replica, e))?;
         Ok(())
+    }
+
+    async fn replica_snapshot(
+        &self,
+        replica: &str,
+        op: SnapshotOp,
+        epoch: u64,
+    ) -> Result<Vec<ironhorn_proto::replica::Snapshot>, String> {
+        use ironhorn_proto::replica::replica_client::ReplicaClient;
+        use ironhorn_proto::replica::{SnapshotCreateRequest, SnapshotDeleteRequest, SnapshotListRequest};
+        let mut client = ReplicaClient::new(self.channel(replica)?);
+        match op {
+            SnapshotOp::Create(name) => {
+                client.snapshot_create(SnapshotCreateRequest { name, epoch }).await.map_err(|e| status(replica, e))?;
+            }
+            SnapshotOp::Delete(name) => match client.snapshot_delete(SnapshotDeleteRequest { name, epoch }).await {
+                Ok(_) => {}
+                Err(s) if s.code() == tonic::Code::NotFound => {}
+                Err(s) => return Err(status(replica, s)),
+            },
+            SnapshotOp::List => {}
+        }
+        let list = client.snapshot_list(SnapshotListRequest {}).await.map_err(|e| status(replica, e))?;
+        Ok(list.into_inner().snapshots)
+    }
+
+    async fn replica_info(&self, replica: &str) -> Result<ironhorn_proto::replica::InfoResponse, String> {
+        use ironhorn_proto::replica::InfoRequest;
+        use ironhorn_proto::replica::replica_client::ReplicaClient;
+        let mut client = ReplicaClient::new(self.channel(replica)?);
+        Ok(client.info(InfoRequest {}).await.map_err(|e| status(replica, e))?.into_inner())
     }
 
     async fn engine_snapshot(

@@ -98,7 +98,8 @@ enum Command {
 
 #[derive(Subcommand)]
 enum SnapshotCommand {
-    /// Ask for a snapshot; the volume's engine takes it while attached.
+    /// Ask for a snapshot (taken by the engine while attached, on the
+    /// replicas while detached).
     Create {
         volume: String,
         name: String,

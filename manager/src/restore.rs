@@ -2,8 +2,9 @@
 //! decision over what a pass sees. A volume made from a snapshot
 //! (`snapshot://NAME`) is copied from that snapshot on a replica of its
 //! volume; one made from another volume (`volume://NAME`) first has a
-//! snapshot of the source taken (`<volume>-clone`, by the source's engine,
-//! so the copy is the source at one point of its write stream), copied the
+//! snapshot of the source taken (`<volume>-clone`: by the source's engine,
+//! so the copy is the source at one point of its write stream, or on its
+//! replicas while it is detached), copied the
 //! same way, and deleted once the copy is done. The volume is not attached
 //! before its copy is done.
 

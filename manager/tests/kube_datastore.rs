@@ -110,6 +110,17 @@ impl Cluster for NoProcesses {
     async fn replica_expand(&self, _: &str, _: u64, _: u64) -> Result<(), String> {
         panic!("no replica exists")
     }
+    async fn replica_snapshot(
+        &self,
+        _: &str,
+        _: ironhorn_manager::cluster::SnapshotOp,
+        _: u64,
+    ) -> Result<Vec<ironhorn_proto::replica::Snapshot>, String> {
+        panic!("no replica exists")
+    }
+    async fn replica_info(&self, _: &str) -> Result<ironhorn_proto::replica::InfoResponse, String> {
+        panic!("no replica exists")
+    }
     async fn engine_snapshot(
         &self,
         _: &str,

@@ -439,8 +439,8 @@ fn snapshot_ready(cluster: &StandaloneCluster, volume: &str, name: &str) -> bool
     snapshot_objects(cluster, volume).iter().any(|s| s["metadata"]["name"] == name && s["status"]["readyToUse"] == true)
 }
 
-/// Volume snapshots through the manager: asked for while detached, taken at
-/// attach; asked for while attached, taken at once, on the engine; the same
+/// Volume snapshots through the manager: asked for while detached, taken on
+/// the replicas at once; asked for while attached, taken on the engine; the same
 /// name again is the same snapshot, another volume's name or a bad name is
 /// refused; deleted through the API, gone from the engine; the volume's
 /// deletion takes its snapshots with it.
@@ -450,11 +450,10 @@ fn snapshots_through_the_manager_are_taken_by_the_engine_and_deleted_there() {
     cluster.cli(&["volume", "create", "v1", "--size", "64MiB", "--replicas", "1"]).expect("create v1");
     cluster.cli(&["volume", "create", "v2", "--size", "64MiB", "--replicas", "1"]).expect("create v2");
     cluster.cli(&["snapshot", "create", "v1", "before-attach"]).expect("snapshot of a detached volume");
-    assert!(!snapshot_ready(&cluster, "v1", "before-attach"), "nothing can take it while detached");
-    let endpoint = cluster.cli(&["volume", "attach", "v1", "--node", "n-1"]).expect("attach").trim().to_string();
-    cluster.wait(Duration::from_secs(30), "the snapshot asked for while detached is taken", || {
+    cluster.wait(Duration::from_secs(30), "the snapshot of the detached volume is taken on its replicas", || {
         snapshot_ready(&cluster, "v1", "before-attach")
     });
+    let endpoint = cluster.cli(&["volume", "attach", "v1", "--node", "n-1"]).expect("attach").trim().to_string();
     run("qemu-io", &["-f", "raw", &endpoint, "-c", "write -P 0x11 0 1M"]).expect("write");
     cluster.cli(&["snapshot", "create", "v1", "s1"]).expect("snapshot");
     cluster.wait(Duration::from_secs(30), "s1 taken", || snapshot_ready(&cluster, "v1", "s1"));
@@ -477,6 +476,29 @@ fn snapshots_through_the_manager_are_taken_by_the_engine_and_deleted_there() {
         objects.iter().all(|s| s["metadata"]["name"] != "s1") && !on_engine.contains("\"s1\"")
     });
     run("qemu-io", &["-f", "raw", &endpoint, "-c", "read -P 0x11 0 1M"]).expect("data unchanged");
+
+    // Detached: a snapshot holds the data as the volume was left, and
+    // deleting one removes it from the replicas.
+    cluster.cli(&["volume", "detach", "v1"]).expect("detach");
+    cluster.cli(&["snapshot", "create", "v1", "detached-1"]).expect("snapshot while detached");
+    cluster.wait(Duration::from_secs(30), "detached-1 taken", || snapshot_ready(&cluster, "v1", "detached-1"));
+    cluster.cli(&["snapshot", "delete", "v1", "before-attach"]).expect("delete while detached");
+    cluster.wait(Duration::from_secs(30), "before-attach gone while detached", || {
+        snapshot_objects(&cluster, "v1").iter().all(|s| s["metadata"]["name"] != "before-attach")
+    });
+    let endpoint = cluster.cli(&["volume", "attach", "v1", "--node", "n-1"]).expect("attach again").trim().to_string();
+    run("qemu-io", &["-f", "raw", &endpoint, "-c", "write -P 0x22 0 1M"]).expect("overwrite");
+    let engine = cluster.json(&["engine", "list"])[0]["status"]["address"].as_str().expect("engine").to_string();
+    let on_engine = engine_cli(&["snapshot", "list", "--engine", &engine]).expect("engine snapshot list");
+    assert!(on_engine.contains("\"detached-1\"") && !on_engine.contains("\"before-attach\""), "{on_engine}");
+    cluster
+        .cli(&["volume", "create", "r1", "--size", "64MiB", "--replicas", "1", "--from", "snapshot://detached-1"])
+        .expect("restore");
+    let restored = cluster.cli(&["volume", "attach", "r1", "--node", "n-1"]).expect("attach r1").trim().to_string();
+    run("qemu-io", &["-f", "raw", &restored, "-c", "read -P 0x11 0 1M"]).expect("the detached snapshot's data");
+    run("qemu-io", &["-f", "raw", &endpoint, "-c", "read -P 0x22 0 1M"]).expect("the volume's own data");
+    cluster.cli(&["volume", "detach", "r1"]).expect("detach r1");
+    cluster.cli(&["volume", "delete", "r1"]).expect("delete r1");
 
     cluster.cli(&["volume", "delete", "v1"]).expect("delete the volume");
     let left = cluster.http_get("/v1/volumes/v2/snapshots").expect("v2's snapshots");

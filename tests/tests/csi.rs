@@ -232,6 +232,12 @@ fn write_files(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
     out
 }
 
+/// The size `df` reports for the filesystem at `path`, in bytes.
+fn df(path: &Path) -> u64 {
+    let out = run("df", &["-B1", "--output=size", path.to_str().unwrap()]).unwrap();
+    out.lines().nth(1).unwrap().trim().parse().unwrap()
+}
+
 fn lvs_of(cluster: &StandaloneCluster, volume: &str) -> Vec<String> {
     ["n-1", "n-2", "n-3"].iter().flat_map(|n| cluster.lvs(n)).filter(|lv| lv.starts_with(volume)).collect()
 }
@@ -687,10 +693,6 @@ fn a_mounted_volume_grows_online_under_io_and_fio_verify_passes() {
     d.call(d.controller().create_volume(create_request(name, 320 << 20, 2, cap.clone()))).unwrap();
     let ctx = publish(&d, name, "n-1", &cap);
     stage_and_publish(&d, name, "n-1", &cap, &ctx, &staging, &target);
-    let df = |path: &Path| -> u64 {
-        let out = run("df", &["-B1", "--output=size", path.to_str().unwrap()]).unwrap();
-        out.lines().nth(1).unwrap().trim().parse().unwrap()
-    };
     let before = df(&target);
     assert!(before <= 320 << 20, "{before}");
 
@@ -931,10 +933,6 @@ fn a_snapshot_restores_and_a_live_volume_clones_into_bigger_volumes_with_exactly
         for (name, bytes) in want {
             assert!(got[name] == *bytes, "{volume}: {name} differs");
         }
-        let df = |p: &Path| -> u64 {
-            let out = run("df", &["-B1", "--output=size", p.to_str().unwrap()]).unwrap();
-            out.lines().nth(1).unwrap().trim().parse().unwrap()
-        };
         let small = df(target);
         let size = cluster.volume(volume)["spec"]["size"].as_i64().unwrap();
         d.call(d.node(node).node_expand_volume(csi::NodeExpandVolumeRequest {

@@ -54,6 +54,15 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
                 .map_err(ds)?;
             }
             let all_up = running.len() == healthy.len() && !healthy.is_empty();
+            // Snapshots of a detached volume, on its replicas (once no
+            // engine of it runs anywhere).
+            let engine_gone = engine.is_none_or(|e| snapshot.instance(&e.spec.node_id, &engine_name).is_none());
+            if all_up
+                && engine_gone
+                && let Some(holder) = self.detached_holder(snapshot, volume).await
+            {
+                self.reconcile_snapshots(snapshot, &name, holder).await?;
+            }
             return self
                 .set_volume_status(&name, |s| {
                     s.state = if all_up { "detached".into() } else { "creating".into() };
@@ -233,7 +242,7 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
 
         if let Ok(engine_status) = &status {
             self.heal(snapshot, volume, engine, &instance.address, engine_status, replicas).await?;
-            self.reconcile_snapshots(snapshot, &name, &instance.address).await?;
+            self.reconcile_snapshots(snapshot, &name, volume_snapshots::Holder::Engine(&instance.address)).await?;
         }
         let rw = modes.values().filter(|m| *m == "RW").count();
         let robustness = if status.is_err() {
