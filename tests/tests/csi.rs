@@ -491,6 +491,87 @@ fn each_rpc_answers_twice_the_same_and_bad_requests_get_the_specs_codes() {
         .unwrap();
     assert_eq!(stats.usage.len(), 2, "bytes and inodes for a filesystem");
     assert!(stats.usage[0].total > 0 && stats.usage[1].total > 0);
+    assert!(!stats.volume_condition.unwrap().abnormal);
+    // Degraded (a replica wanted that three nodes cannot place apart): the
+    // stats say so, with why.
+    cluster.cli(&["volume", "update", name, "--replicas", "4"]).unwrap();
+    cluster.wait(Duration::from_secs(30), "the volume is degraded", || {
+        cluster.volume(name)["status"]["robustness"] == "degraded"
+    });
+    let stats = d
+        .call(node.node_get_volume_stats(csi::NodeGetVolumeStatsRequest {
+            volume_id: name.into(),
+            volume_path: target.to_str().unwrap().into(),
+            ..Default::default()
+        }))
+        .unwrap();
+    let condition = stats.volume_condition.unwrap();
+    assert!(condition.abnormal && condition.message.contains("degraded"), "{condition:?}");
+    cluster.cli(&["volume", "update", name, "--replicas", "2"]).unwrap();
+    cluster
+        .wait(Duration::from_secs(30), "healthy again", || cluster.volume(name)["status"]["robustness"] == "healthy");
+    // Read-only publish: a second target that refuses writes.
+    let ro_target = work.join("target-ro");
+    let _ro = Mounts(vec![ro_target.clone()]);
+    d.call(node.node_publish_volume(csi::NodePublishVolumeRequest {
+        volume_id: name.into(),
+        publish_context: ctx.clone(),
+        staging_target_path: staging.to_str().unwrap().into(),
+        target_path: ro_target.to_str().unwrap().into(),
+        volume_capability: Some(cap.clone()),
+        readonly: true,
+        ..Default::default()
+    }))
+    .unwrap();
+    let refused = std::fs::write(ro_target.join("nope"), b"x").unwrap_err();
+    assert_eq!(refused.raw_os_error(), Some(libc::EROFS), "{refused}");
+    std::fs::write(target.join("yes"), b"x").expect("the read-write target still writes");
+    d.call(node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
+        volume_id: name.into(),
+        target_path: ro_target.to_str().unwrap().into(),
+    }))
+    .unwrap();
+    // A call for a volume while another for it is in flight: ABORTED. (The
+    // first waits for a device that never comes: the volume is not
+    // published on n-2.)
+    let waiting = {
+        let socket = d.socket("n-2");
+        let staging = work.join("staging-n2");
+        let cap = cap.clone();
+        let volume = name.to_string();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(async {
+                let mut node = NodeClient::new(unix_channel(&socket).await);
+                node.node_stage_volume(csi::NodeStageVolumeRequest {
+                    volume_id: volume,
+                    publish_context: [("devicePath".to_string(), "/dev/ironhorn/not-here".to_string())].into(),
+                    staging_target_path: staging.to_str().unwrap().into(),
+                    volume_capability: Some(cap),
+                    ..Default::default()
+                })
+                .await
+            })
+        })
+    };
+    let mut node_b = d.node("n-2");
+    let second = csi::NodeUnstageVolumeRequest {
+        volume_id: name.into(),
+        staging_target_path: work.join("staging-n2").to_str().unwrap().into(),
+    };
+    let mut aborted = false;
+    for _ in 0..100 {
+        match d.call(node_b.node_unstage_volume(second.clone())) {
+            Err(e) if e.code() == Code::Aborted => {
+                aborted = true;
+                break;
+            }
+            _ => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
+    assert!(aborted, "a second call while the first is in flight is ABORTED");
+    let first = waiting.join().unwrap().unwrap_err();
+    assert_eq!(first.code(), Code::FailedPrecondition, "{first:?}");
 
     // Snapshots: twice the same; the same name of another volume →
     // ALREADY_EXISTS; missing source → INVALID_ARGUMENT; unknown source → NOT_FOUND.
