@@ -232,6 +232,19 @@ fn write_files(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
     out
 }
 
+/// Asserts the files `write_files` wrote read back byte for byte under `dir`.
+fn assert_files(dir: &Path, files: &[(PathBuf, Vec<u8>)]) {
+    for (path, data) in files {
+        let here = dir.join(path.file_name().unwrap());
+        assert!(std::fs::read(&here).unwrap() == *data, "{} differs", here.display());
+    }
+}
+
+fn delete_volume(d: &Driver, name: &str) {
+    d.call(d.controller().delete_volume(csi::DeleteVolumeRequest { volume_id: name.into(), ..Default::default() }))
+        .expect("DeleteVolume");
+}
+
 /// The size `df` reports for the filesystem at `path`, in bytes.
 fn df(path: &Path) -> u64 {
     let out = run("df", &["-B1", "--output=size", path.to_str().unwrap()]).unwrap();
@@ -277,15 +290,11 @@ fn the_kubelets_flow_moves_a_filesystem_between_nodes_byte_for_byte_and_delete_r
 
     let context = publish(&d, name, "n-2", &cap);
     stage_and_publish(&d, name, "n-2", &cap, &context, &staging_b, &target_b);
-    for (path, data) in &files {
-        let moved = target_b.join(path.file_name().unwrap());
-        assert!(std::fs::read(&moved).unwrap() == *data, "{} differs on node n-2", moved.display());
-    }
+    assert_files(&target_b, &files);
     unpublish_and_unstage(&d, name, "n-2", &staging_b, &target_b);
 
     assert!(!lvs_of(&cluster, name).is_empty(), "the volume's LVs exist before DeleteVolume");
-    d.call(d.controller().delete_volume(csi::DeleteVolumeRequest { volume_id: name.into(), ..Default::default() }))
-        .expect("DeleteVolume");
+    delete_volume(&d, name);
     assert!(lvs_of(&cluster, name).is_empty(), "every LV is gone: {:?}", lvs_of(&cluster, name));
     assert!(cluster.cli(&["volume", "get", name]).is_err(), "the volume is gone");
 }
@@ -340,8 +349,7 @@ fn a_raw_block_volume_passes_fio_verify_through_the_published_device_file() {
     assert!(!stats.volume_condition.unwrap().abnormal);
     unpublish_and_unstage(&d, name, "n-1", &staging, &target);
     assert!(!target.exists());
-    d.call(d.controller().delete_volume(csi::DeleteVolumeRequest { volume_id: name.into(), ..Default::default() }))
-        .unwrap();
+    delete_volume(&d, name);
     assert!(lvs_of(&cluster, name).is_empty());
 }
 
@@ -718,9 +726,7 @@ fn an_ephemeral_inline_volume_lives_from_publish_to_unpublish_and_a_restarted_pl
     // again is still a success and changes nothing.
     d.restart_plugin("n-1");
     d.call(d.node("n-1").node_publish_volume(inline.clone())).expect("publish again after a restart");
-    for (path, data) in &files {
-        assert!(std::fs::read(path).unwrap() == *data);
-    }
+    assert_files(&eph_target, &files);
     d.call(d.node("n-1").node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
         volume_id: "csi-inline-1".into(),
         target_path: eph_target.to_str().unwrap().into(),
@@ -740,20 +746,15 @@ fn an_ephemeral_inline_volume_lives_from_publish_to_unpublish_and_a_restarted_pl
     let files = write_files(&target);
     d.restart_plugin("n-1");
     stage_and_publish(&d, name, "n-1", &cap, &ctx, &staging, &target);
-    for (path, data) in &files {
-        assert!(std::fs::read(path).unwrap() == *data);
-    }
+    assert_files(&target, &files);
     unpublish_and_unstage(&d, name, "n-1", &staging, &target);
     assert!(!is_mounted(&target) && !is_mounted(&staging));
     // And the data survived the whole trip: publish once more and read.
     let ctx = publish(&d, name, "n-1", &cap);
     stage_and_publish(&d, name, "n-1", &cap, &ctx, &staging, &target);
-    for (path, data) in &files {
-        assert!(std::fs::read(path).unwrap() == *data);
-    }
+    assert_files(&target, &files);
     unpublish_and_unstage(&d, name, "n-1", &staging, &target);
-    d.call(d.controller().delete_volume(csi::DeleteVolumeRequest { volume_id: name.into(), ..Default::default() }))
-        .unwrap();
+    delete_volume(&d, name);
 }
 
 #[test]
@@ -849,15 +850,14 @@ fn a_mounted_volume_grows_online_under_io_and_fio_verify_passes() {
     let err = cluster.cli(&["volume", "expand", name, "--size", "64MiB"]).unwrap_err();
     assert!(err.contains("never shrink"), "{err}");
     unpublish_and_unstage(&d, name, "n-1", &staging, &target);
-    d.call(d.controller().delete_volume(csi::DeleteVolumeRequest { volume_id: name.into(), ..Default::default() }))
-        .unwrap();
+    delete_volume(&d, name);
 }
 
 #[test]
 fn a_detached_volume_grows_offline_and_attaches_at_its_new_size_with_its_data() {
     require_tool("qemu-io", "qemu-utils");
     require_tool("nbdinfo", "libnbd-bin");
-    let cluster = StandaloneCluster::start("csi-grow-off", 3, 32500, "1GiB");
+    let cluster = StandaloneCluster::start("csi-grow-off", 3, 20000, "1GiB");
     cluster.cli(&["volume", "create", "g1", "--size", "32MiB", "--replicas", "3"]).unwrap();
     let endpoint = cluster.cli(&["volume", "attach", "g1", "--node", "n-1"]).unwrap().trim().to_string();
     run("qemu-io", &["-f", "raw", &endpoint, "-c", "write -P 0x5a 0 1M", "-c", "write -P 0xa5 31M 1M"]).unwrap();
@@ -907,7 +907,7 @@ fn a_snapshot_restores_and_a_live_volume_clones_into_bigger_volumes_with_exactly
     require_tool("xfs_growfs", "xfsprogs");
     // xfs (see the online-growth test); the copies share the source's
     // filesystem UUID, so they mount with nouuid beside it.
-    let cluster = StandaloneCluster::start("csi-clone", 3, 33500, "3GiB");
+    let cluster = StandaloneCluster::start("csi-clone", 3, 20500, "3GiB");
     let d = Driver::start(&cluster, &["n-1", "n-2", "n-3"]);
     let work = cluster.dir.path().join("kubelet");
     let paths = |tag: &str| (work.join(tag).join("staging"), work.join(tag).join("target"));
@@ -1049,7 +1049,7 @@ fn a_snapshot_restores_and_a_live_volume_clones_into_bigger_volumes_with_exactly
 #[test]
 fn best_effort_data_locality_moves_a_replica_to_the_node_the_volume_is_published_on() {
     require_tool("mkfs.ext4", "e2fsprogs");
-    let cluster = StandaloneCluster::start("csi-local", 3, 34000, "1GiB");
+    let cluster = StandaloneCluster::start("csi-local", 3, 19000, "1GiB");
     let work = cluster.dir.path().join("kubelet");
     std::fs::create_dir_all(&work).unwrap();
     let (staging, target) = (work.join("staging"), work.join("target"));
@@ -1077,9 +1077,7 @@ fn best_effort_data_locality_moves_a_replica_to_the_node_the_volume_is_published
         let v = cluster.volume(name);
         nodes.len() == 2 && nodes.iter().any(|n| n == away) && v["status"]["robustness"] == "healthy"
     });
-    for (path, data) in &files {
-        assert!(std::fs::read(path).unwrap() == *data, "{} differs", path.display());
-    }
+    assert_files(&target, &files);
     let events = cluster.cli(&["event", "list", "--volume", name]).unwrap();
     assert!(events.contains("data locality"), "{events}");
     unpublish_and_unstage(&d, name, away, &staging, &target);
@@ -1088,9 +1086,6 @@ fn best_effort_data_locality_moves_a_replica_to_the_node_the_volume_is_published
     let (staging, target) = (work.join("staging-2"), work.join("target-2"));
     let _more = Mounts(vec![staging.clone(), target.clone()]);
     stage_and_publish(&d, name, "n-1", &cap, &ctx, &staging, &target);
-    for (path, data) in &files {
-        let moved = target.join(path.file_name().unwrap());
-        assert!(std::fs::read(&moved).unwrap() == *data);
-    }
+    assert_files(&target, &files);
     unpublish_and_unstage(&d, name, "n-1", &staging, &target);
 }
