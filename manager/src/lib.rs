@@ -29,7 +29,21 @@ use datastore::Datastore;
 
 /// Runs the controllers and the REST API until SIGTERM or SIGINT.
 pub async fn serve<D: Datastore, C: Cluster>(store: D, cluster: C, listen: SocketAddr) -> Result<(), String> {
-    let listener = tokio::net::TcpListener::bind(listen).await.map_err(|e| format!("API listen on {listen}: {e}"))?;
+    serve_on(store, cluster, bind_api(listen).await?).await
+}
+
+/// Binds the API's address (before anything else is started, so a taken
+/// port leaves nothing behind).
+pub async fn bind_api(listen: SocketAddr) -> Result<tokio::net::TcpListener, String> {
+    tokio::net::TcpListener::bind(listen).await.map_err(|e| format!("API listen on {listen}: {e}"))
+}
+
+/// `serve` on a listener already bound.
+pub async fn serve_on<D: Datastore, C: Cluster>(
+    store: D,
+    cluster: C,
+    listener: tokio::net::TcpListener,
+) -> Result<(), String> {
     let local = listener.local_addr().map_err(|e| e.to_string())?;
     tracing::info!(address = %local, "manager API serving");
     // Tests and supervisors read this line to learn the bound address.

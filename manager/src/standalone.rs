@@ -269,6 +269,9 @@ pub async fn up(config: UpConfig) -> Result<(), String> {
     if config.nodes == 0 || config.nodes > 9 {
         return Err("--nodes must be 1 to 9".into());
     }
+    // The API's port first: taken, nothing is made.
+    let listen: SocketAddr = format!("127.0.0.1:{}", config.port_base).parse().expect("address");
+    let listener = crate::bind_api(listen).await?;
     let use_lvm = !config.file_disks && lvm_available();
     let store = EmbeddedStore::open(&config.data_dir.join("store")).map_err(|e| e.to_string())?;
     let mut nodes = Vec::new();
@@ -288,7 +291,6 @@ pub async fn up(config: UpConfig) -> Result<(), String> {
             }
         }
     }
-    let listen: SocketAddr = format!("127.0.0.1:{}", config.port_base).parse().expect("address");
     let api = format!("http://{listen}");
     ironhorn_proto::say!("ironhorn is up: {} nodes, API {api}, data {}", config.nodes, config.data_dir.display());
     ironhorn_proto::say!("  export IRONHORN_API={api}");
@@ -298,7 +300,7 @@ pub async fn up(config: UpConfig) -> Result<(), String> {
     );
     ironhorn_proto::say!("  ironhorn volume list; ironhorn node list; ironhorn replica list");
     ironhorn_proto::say!("Ctrl-C stops everything; the data dir keeps the volumes for the next `ironhorn up`.");
-    let result = crate::serve(store, GrpcCluster::default(), listen).await;
+    let result = crate::serve_on(store, GrpcCluster::default(), listener).await;
     ironhorn_proto::say!("stopping: engines, replicas, instance managers");
     stop_nodes(&nodes).await;
     result
