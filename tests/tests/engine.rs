@@ -391,7 +391,12 @@ fn an_interrupted_rebuild_resumes_instead_of_starting_over() {
     eprintln!("killing the target at {copied_before} bytes copied: {}", engine_status(c.engine())["rebuilds"][0]);
     c.replicas[1].kill9();
     let deadline = Instant::now() + Duration::from_secs(60);
-    while engine_status(c.engine())["rebuilds"][0]["state"] != "failed" {
+    loop {
+        let state = engine_status(c.engine())["rebuilds"][0]["state"].clone();
+        if state == "failed" {
+            break;
+        }
+        assert_ne!(state, "done", "the rebuild ended before its target was killed");
         assert!(Instant::now() < deadline, "rebuild did not notice the dead target: {}", engine_status(c.engine()));
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -566,10 +571,24 @@ fn a_rebuilt_replica_that_drops_out_later_copies_only_the_new_writes() {
 fn writes_no_client_flushes_get_a_background_flush() {
     let mut c = Cluster::new("eng-bgflush", 2);
     c.start_engine(1, &[]);
-    finish(fio(&c.uri(), &["--rw=write", "--bs=1M", "--size=64M"]), "fio fill, no flush");
-    // The engine flushes 5 s after the first unflushed write.
-    std::thread::sleep(Duration::from_secs(7));
     let address = c.replicas[1].address.clone();
+    let rt = runtime();
+    let stamp = |rt: &tokio::runtime::Runtime| {
+        rt.block_on(async {
+            let mut client = connect(&address).await;
+            client.info(ironhorn_proto::replica::InfoRequest {}).await.expect("info").into_inner().stamp_sequence
+        })
+    };
+    finish(fio(&c.uri(), &["--rw=write", "--bs=1M", "--size=64M"]), "fio fill, no flush");
+    // The engine flushes 5 s after the first unflushed write: wait until
+    // the replica has made a flush stamp newer than the one it had when the
+    // fill ended (fio's 64 MiB take about a second, well inside the 5 s).
+    let before = stamp(&rt);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while stamp(&rt) <= before {
+        assert!(Instant::now() < deadline, "no background flush stamped the replica within 30 s");
+        std::thread::sleep(Duration::from_millis(100));
+    }
     kill_write_and_readd_copies_only_the_new_writes(&mut c, &address);
 }
 
