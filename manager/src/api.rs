@@ -276,14 +276,12 @@ async fn attach<D: Datastore>(
 }
 
 async fn detach<D: Datastore>(State(store): State<D>, Path(name): Path<String>) -> Reply {
-    let updated = update::<Volume, D>(&store, &name, |v| {
-        let changed = !v.spec.node_id.is_empty();
-        v.spec.node_id.clear();
+    change_spec(&store, &name, |spec| {
+        let changed = !spec.node_id.is_empty();
+        spec.node_id.clear();
         changed
     })
-    .await?
-    .ok_or_else(|| not_found("volume", &name))?;
-    reply(&updated)
+    .await
 }
 
 #[derive(Deserialize)]
@@ -306,13 +304,19 @@ async fn update_volume<D: Datastore>(
     };
     check_replica_count(replicas)?;
     live_volume(&store, &name).await?;
-    let updated = update::<Volume, D>(&store, &name, |v| {
-        let changed = v.spec.number_of_replicas != replicas;
-        v.spec.number_of_replicas = replicas;
+    change_spec(&store, &name, |spec| {
+        let changed = spec.number_of_replicas != replicas;
+        spec.number_of_replicas = replicas;
         changed
     })
-    .await?
-    .ok_or_else(|| not_found("volume", &name))?;
+    .await
+}
+
+/// Applies `change` to a volume's spec (it says whether anything changed)
+/// and answers with the volume.
+async fn change_spec<D: Datastore>(store: &D, name: &str, change: impl Fn(&mut VolumeSpec) -> bool) -> Reply {
+    let updated =
+        update::<Volume, D>(store, name, |v| change(&mut v.spec)).await?.ok_or_else(|| not_found("volume", name))?;
     reply(&updated)
 }
 
@@ -337,14 +341,12 @@ async fn expand_volume<D: Datastore>(
     if size < volume.spec.size {
         return Err(bad(format!("volume {name} is {} bytes; volumes grow, they never shrink", volume.spec.size)));
     }
-    let updated = update::<Volume, D>(&store, &name, |v| {
-        let changed = v.spec.size < size;
-        v.spec.size = v.spec.size.max(size);
+    change_spec(&store, &name, |spec| {
+        let changed = spec.size < size;
+        spec.size = spec.size.max(size);
         changed
     })
-    .await?
-    .ok_or_else(|| not_found("volume", &name))?;
-    reply(&updated)
+    .await
 }
 
 #[derive(Deserialize)]

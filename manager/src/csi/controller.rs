@@ -4,8 +4,6 @@
 //! report it in status (a volume created and its replicas up, an attach
 //! done, a detach done).
 
-use std::time::Duration;
-
 use ironhorn_proto::csi;
 use ironhorn_proto::csi::controller_server::Controller;
 use ironhorn_proto::csi::controller_service_capability::Rpc;
@@ -14,14 +12,9 @@ use serde_json::{Value, json};
 use tonic::{Request, Response, Status};
 
 use super::params::{self, RequestError};
-use super::{Busy, TOPOLOGY_KEY, api_status, required};
+use super::{Busy, TOPOLOGY_KEY, api_status, required, volumes};
 use crate::client::{CallError, call};
 use crate::crd::{self, Volume, condition};
-
-/// How long CreateVolume waits for a new volume's replicas, and Publish /
-/// Unpublish for an attach or detach, before answering DEADLINE_EXCEEDED
-/// (the sidecars retry; the same call then picks up where it was).
-const WAIT: Duration = Duration::from_secs(90);
 
 pub struct ControllerService {
     pub api: String,
@@ -106,33 +99,7 @@ fn csi_snapshot(s: &crd::Snapshot) -> csi::Snapshot {
 
 impl ControllerService {
     async fn volume(&self, name: &str) -> Result<Option<Volume>, Status> {
-        match call(&self.api, "GET", &format!("/v1/volumes/{name}"), None).await {
-            Ok(v) => Ok(Some(to_volume(v)?)),
-            Err(e) if e.is_not_found() => Ok(None),
-            Err(e) => Err(api_status(e)),
-        }
-    }
-
-    /// Polls the volume until `done` says it is there (Ok(Some)), or gives
-    /// up with the error `done` returns, or DEADLINE_EXCEEDED after WAIT.
-    async fn wait(
-        &self,
-        name: &str,
-        what: &str,
-        done: impl Fn(Option<&Volume>) -> Result<bool, Status>,
-    ) -> Result<Option<Volume>, Status> {
-        let deadline = tokio::time::Instant::now() + WAIT;
-        loop {
-            let v = self.volume(name).await?;
-            if done(v.as_ref())? {
-                return Ok(v);
-            }
-            if tokio::time::Instant::now() >= deadline {
-                let state = v.and_then(|v| v.status).map(|s| s.state).unwrap_or_else(|| "gone".into());
-                return Err(Status::deadline_exceeded(format!("volume {name}: not {what} yet (still {state}); retry")));
-            }
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
+        volumes::get(&self.api, name).await
     }
 }
 
@@ -189,7 +156,6 @@ pub async fn create_and_wait(
     p: &params::VolumeParams,
     data_source: &str,
 ) -> Result<Volume, Status> {
-    let service = ControllerService { api: api.to_string(), busy: Busy::default() };
     let mut body = create_body(name, size, p);
     if !data_source.is_empty() {
         body["dataSource"] = json!(data_source);
@@ -199,35 +165,25 @@ pub async fn create_and_wait(
         Err(CallError::Refused { status: 409, .. }) => {} // made by an earlier try
         Err(e) => return Err(api_status(e)),
     }
-    let unschedulable = std::sync::Mutex::new(None::<String>);
-    let ready = service
-        .wait(name, "created", |v| {
-            let Some(v) = v else {
-                return Err(Status::aborted(format!("volume {name} was deleted while being created")));
-            };
-            let status = v.status.clone().unwrap_or_default();
-            if let Some(c) = condition(&status.conditions, "Scheduled")
-                && c.status == "False"
-            {
-                *unschedulable.lock().unwrap_or_else(|e| e.into_inner()) = Some(c.message.clone());
-                return Ok(true);
-            }
-            // A volume with a source is usable once its copy is done;
-            // attaching it waits for that (status.restore).
-            Ok(matches!(status.state.as_str(), "detached" | "attached" | "attaching" | "restoring"))
-        })
-        .await?;
-    if let Some(why) = unschedulable.into_inner().unwrap_or_else(|e| e.into_inner()) {
+    let unschedulable = |v: &Volume| {
+        let status = v.status.as_ref()?;
+        condition(&status.conditions, "Scheduled").filter(|c| c.status == "False").map(|c| c.message.clone())
+    };
+    let ready = volumes::wait(api, name, "created", |v| {
+        let v = v.ok_or_else(|| Status::aborted(format!("volume {name} was deleted while being created")))?;
+        // A volume with a source is usable once its copy is done;
+        // attaching it waits for that (status.restore).
+        let state = v.status.as_ref().map(|s| s.state.as_str()).unwrap_or_default();
+        Ok(unschedulable(v).is_some() || matches!(state, "detached" | "attached" | "attaching" | "restoring"))
+    })
+    .await?
+    .ok_or_else(|| Status::aborted(format!("volume {name} vanished")))?;
+    if let Some(why) = unschedulable(&ready) {
         // Nothing half-made stays behind.
-        match call(api, "DELETE", &format!("/v1/volumes/{name}"), None).await {
-            Ok(_) => {}
-            Err(e) if e.is_not_found() => {}
-            Err(e) => return Err(api_status(e)),
-        }
-        service.wait(name, "deleted", |v| Ok(v.is_none())).await?;
+        volumes::delete(api, name).await?;
         return Err(Status::resource_exhausted(format!("cannot place the volume's replicas: {why}")));
     }
-    ready.ok_or_else(|| Status::aborted(format!("volume {name} vanished")))
+    Ok(ready)
 }
 
 #[tonic::async_trait]
@@ -279,12 +235,7 @@ impl Controller for ControllerService {
                 volume.spec.node_id
             )));
         }
-        match call(&self.api, "DELETE", &format!("/v1/volumes/{name}"), None).await {
-            Ok(_) => {}
-            Err(e) if e.is_not_found() => {}
-            Err(e) => return Err(api_status(e)),
-        }
-        self.wait(name, "deleted", |v| Ok(v.is_none())).await?;
+        volumes::delete(&self.api, name).await?;
         Ok(Response::new(csi::DeleteVolumeResponse {}))
     }
 
@@ -305,18 +256,8 @@ impl Controller for ControllerService {
                 volume.spec.node_id
             )));
         }
-        let body = json!({ "node": node, "frontend": "blockdev" });
-        call(&self.api, "POST", &format!("/v1/volumes/{name}/attach"), Some(&body)).await.map_err(api_status)?;
-        let attached = self
-            .wait(name, "attached", |v| {
-                let v = v.ok_or_else(|| Status::not_found(format!("volume {name} was deleted")))?;
-                let s = v.status.clone().unwrap_or_default();
-                Ok(s.state == "attached" && s.current_node_id == node && !s.blockdev.is_empty())
-            })
-            .await?
-            .and_then(|v| v.status)
-            .unwrap_or_default();
-        let context = [("devicePath".to_string(), attached.blockdev)].into();
+        let device = volumes::attach(&self.api, name, node).await?;
+        let context = [("devicePath".to_string(), device)].into();
         Ok(Response::new(csi::ControllerPublishVolumeResponse { publish_context: context }))
     }
 
@@ -335,15 +276,7 @@ impl Controller for ControllerService {
             // Published on another node, not on this one: nothing to undo.
             return Ok(Response::new(csi::ControllerUnpublishVolumeResponse {}));
         }
-        if !on.is_empty() {
-            call(&self.api, "POST", &format!("/v1/volumes/{name}/detach"), None).await.map_err(api_status)?;
-        }
-        self.wait(name, "detached", |v| {
-            Ok(v.is_none_or(|v| {
-                v.status.as_ref().is_none_or(|s| s.current_node_id.is_empty() && s.state != "detaching")
-            }))
-        })
-        .await?;
+        volumes::detach(&self.api, name, !on.is_empty()).await?;
         Ok(Response::new(csi::ControllerUnpublishVolumeResponse {}))
     }
 
@@ -541,7 +474,7 @@ impl Controller for ControllerService {
         let size = size.max(volume.spec.size);
         let body = json!({ "size": size });
         call(&self.api, "POST", &format!("/v1/volumes/{name}/expand"), Some(&body)).await.map_err(api_status)?;
-        self.wait(name, "expanded", |v| {
+        volumes::wait(&self.api, name, "expanded", |v| {
             let v = v.ok_or_else(|| Status::not_found(format!("volume {name} was deleted")))?;
             Ok(v.status.as_ref().is_some_and(|s| s.current_size >= size))
         })

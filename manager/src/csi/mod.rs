@@ -14,6 +14,7 @@ pub mod controller;
 pub mod mounts;
 pub mod node;
 pub mod params;
+pub mod volumes;
 
 use std::collections::HashSet;
 use std::path::PathBuf;

@@ -12,15 +12,12 @@ use ironhorn_proto::csi;
 use ironhorn_proto::csi::node_server::Node;
 use ironhorn_proto::csi::node_service_capability::Rpc;
 use ironhorn_proto::csi::node_service_capability::rpc::Type as CapType;
-use serde_json::json;
 use tonic::{Request, Response, Status};
 
 use super::controller::{create_and_wait, volume_condition};
 use super::mounts;
 use super::params::{self, AccessType, EPHEMERAL_KEY, RequestError};
-use super::{Busy, TOPOLOGY_KEY, api_status, required};
-use crate::client::call;
-use crate::crd::Volume;
+use super::{Busy, TOPOLOGY_KEY, required, volumes};
 
 /// Volumes one node takes (each is a loop device and an engine here).
 const MAX_VOLUMES_PER_NODE: i64 = 128;
@@ -133,14 +130,6 @@ impl NodeService {
         self.state_dir.join("ephemeral").join(volume)
     }
 
-    async fn manager_volume(&self, name: &str) -> Result<Option<Volume>, Status> {
-        match call(&self.api, "GET", &format!("/v1/volumes/{name}"), None).await {
-            Ok(v) => serde_json::from_value(v).map(Some).map_err(|e| internal(e.to_string())),
-            Err(e) if e.is_not_found() => Ok(None),
-            Err(e) => Err(api_status(e)),
-        }
-    }
-
     /// Creates, attaches here and stages an ephemeral inline volume; on
     /// failure, undoes what it did.
     async fn ephemeral_up(
@@ -152,15 +141,7 @@ impl NodeService {
         let size = p.size.unwrap_or(params::DEFAULT_SIZE);
         let result = async {
             create_and_wait(&self.api, name, size, &p, "").await?;
-            let body = json!({ "node": self.node_id, "frontend": "blockdev" });
-            call(&self.api, "POST", &format!("/v1/volumes/{name}/attach"), Some(&body)).await.map_err(api_status)?;
-            let attached = crate::client::wait_for(&self.api, name, Duration::from_secs(90), |v| {
-                v.is_some_and(|v| v["status"]["state"] == "attached" && v["status"]["blockdev"] != "")
-            })
-            .await
-            .map_err(Status::deadline_exceeded)?;
-            let device = attached.and_then(|v| v["status"]["blockdev"].as_str().map(PathBuf::from));
-            let device = device.ok_or_else(|| internal("attached without a device".into()))?;
+            let device = PathBuf::from(volumes::attach(&self.api, name, &self.node_id).await?);
             wait_for_device(&device).await?;
             let staging = self.ephemeral_staging(name);
             stage_filesystem(&device, &staging, p.fs_type, &[]).await?;
@@ -179,23 +160,11 @@ impl NodeService {
         let staging = self.ephemeral_staging(name);
         mounts::unmount(&staging).await.map_err(internal)?;
         let _ = std::fs::remove_dir(&staging);
-        if self.manager_volume(name).await?.is_none() {
+        if volumes::get(&self.api, name).await?.is_none() {
             return Ok(());
         }
-        call(&self.api, "POST", &format!("/v1/volumes/{name}/detach"), None).await.map_err(api_status)?;
-        crate::client::wait_for(&self.api, name, Duration::from_secs(90), |v| {
-            v.is_none_or(|v| v["status"]["state"] == "detached")
-        })
-        .await
-        .map_err(Status::deadline_exceeded)?;
-        match call(&self.api, "DELETE", &format!("/v1/volumes/{name}"), None).await {
-            Ok(_) => {}
-            Err(e) if e.is_not_found() => {}
-            Err(e) => return Err(api_status(e)),
-        }
-        crate::client::wait_for(&self.api, name, Duration::from_secs(90), |v| v.is_none())
-            .await
-            .map_err(Status::deadline_exceeded)?;
+        volumes::detach(&self.api, name, true).await?;
+        volumes::delete(&self.api, name).await?;
         Ok(())
     }
 }
@@ -332,7 +301,7 @@ impl Node for NodeService {
                 },
             ]
         };
-        let condition = match self.manager_volume(&params::volume_name(volume)).await {
+        let condition = match volumes::get(&self.api, &params::volume_name(volume)).await {
             Ok(Some(v)) => volume_condition(&v),
             Ok(None) => {
                 csi::VolumeCondition { abnormal: true, message: format!("volume {volume} is unknown to the manager") }
