@@ -28,7 +28,10 @@ impl From<datastore::Error> for ApiError {
         let code = match e {
             datastore::Error::NotFound { .. } => StatusCode::NOT_FOUND,
             datastore::Error::AlreadyExists { .. } | datastore::Error::Conflict { .. } => StatusCode::CONFLICT,
-            datastore::Error::Backend(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            datastore::Error::Forbidden { .. } => StatusCode::FORBIDDEN,
+            datastore::Error::Invalid { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+            // The datastore cannot be reached or failed: try again later.
+            datastore::Error::Backend(_) => StatusCode::SERVICE_UNAVAILABLE,
         };
         ApiError(code, e.to_string())
     }
@@ -48,8 +51,12 @@ fn reply<T: serde::Serialize>(value: &T) -> Reply {
     serde_json::to_value(value).map(Json).map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))
 }
 
-pub fn router<D: Datastore>(store: D) -> Router {
+pub fn router<D: Datastore>(store: D, gate: crate::leader::Gate) -> Router {
     Router::new()
+        // Liveness: the process answers. Readiness: the datastore answers
+        // (every manager serves the API; `leader` says which reconciles).
+        .route("/healthz", get(move || async move { Json(json!({ "ok": true, "leader": gate.is_leader() })) }))
+        .route("/readyz", get(ready::<D>))
         .route("/v1/volumes", get(list_volumes::<D>).post(create_volume::<D>))
         .route("/v1/volumes/{name}", get(get_volume::<D>).delete(delete_volume::<D>))
         .route("/v1/volumes/{name}/attach", post(attach::<D>))
@@ -68,6 +75,11 @@ pub fn router<D: Datastore>(store: D) -> Router {
         .route("/v1/settings/{name}", get(get_setting::<D>).put(set_setting::<D>))
         .route("/metrics", get(prometheus::<D>))
         .with_state(store)
+}
+
+async fn ready<D: Datastore>(State(store): State<D>) -> Reply {
+    store.get::<Setting>("default-replica-count").await?;
+    Ok(Json(json!({ "ready": true })))
 }
 
 async fn list<D: Datastore, K: datastore::Object>(State(store): State<D>) -> Reply {

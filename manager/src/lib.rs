@@ -13,7 +13,9 @@ pub mod datastore;
 pub mod epoch;
 pub mod events;
 pub mod expansion;
+pub mod leader;
 pub mod metrics;
+pub mod registration;
 pub mod replenish;
 pub mod restore;
 pub mod scheduler;
@@ -27,9 +29,24 @@ use std::time::Duration;
 use cluster::Cluster;
 use datastore::Datastore;
 
-/// Runs the controllers and the REST API until SIGTERM or SIGINT.
-pub async fn serve<D: Datastore, C: Cluster>(store: D, cluster: C, listen: SocketAddr) -> Result<(), String> {
-    serve_on(store, cluster, bind_api(listen).await?).await
+/// Leader election settings for a manager that shares its datastore with
+/// others (see [`leader`]).
+#[derive(Clone, Debug)]
+pub struct Election {
+    /// This manager's name in the lease (the pod's name on a cluster).
+    pub identity: String,
+    pub timing: leader::Timing,
+}
+
+/// Runs the controllers and the REST API until SIGTERM or SIGINT; with
+/// `election`, the controllers run only while this manager holds the lease.
+pub async fn serve<D: Datastore, C: Cluster>(
+    store: D,
+    cluster: C,
+    listen: SocketAddr,
+    election: Option<Election>,
+) -> Result<(), String> {
+    serve_on(store, cluster, bind_api(listen).await?, election).await
 }
 
 /// Binds the API's address (before anything else is started, so a taken
@@ -43,6 +60,7 @@ pub async fn serve_on<D: Datastore, C: Cluster>(
     store: D,
     cluster: C,
     listener: tokio::net::TcpListener,
+    election: Option<Election>,
 ) -> Result<(), String> {
     let local = listener.local_addr().map_err(|e| e.to_string())?;
     tracing::info!(address = %local, "manager API serving");
@@ -50,20 +68,32 @@ pub async fn serve_on<D: Datastore, C: Cluster>(
     ironhorn_proto::say!("listening on {local}");
     // Controllers and the API share one record of whether writes land.
     let store = datastore::health::Recorded::new(store);
-    let controller = controller::Controller::new(store.clone(), cluster);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let wait_stop = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stopped| *stopped).await;
     };
+    let (gate, elector) = match election {
+        Some(e) => {
+            e.timing.validate()?;
+            let (gate, task) = leader::spawn(store.clone(), e.identity, e.timing, wait_stop(stop_rx.clone()));
+            (gate, Some(task))
+        }
+        None => (leader::Gate::always(), None),
+    };
+    let controller = controller::Controller::new(store.clone(), cluster).with_gate(gate.clone());
     let controllers = tokio::spawn({
         let stop = wait_stop(stop_rx.clone());
         async move { controller.run(Duration::from_secs(2), stop).await }
     });
-    let server = axum::serve(listener, api::router(store)).with_graceful_shutdown(wait_stop(stop_rx));
+    let server = axum::serve(listener, api::router(store, gate)).with_graceful_shutdown(wait_stop(stop_rx));
     let server = tokio::spawn(async move { server.await });
     ironhorn_proto::shutdown::signal().await;
     let _ = stop_tx.send(true);
     let _ = controllers.await;
+    if let Some(elector) = elector {
+        // Releases the lease, so the next manager takes over at once.
+        let _ = elector.await;
+    }
     match tokio::time::timeout(Duration::from_secs(3), server).await {
         Ok(Ok(Err(e))) => Err(format!("API server: {e}")),
         _ => Ok(()),

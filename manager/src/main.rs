@@ -62,6 +62,14 @@ enum Command {
         namespace: String,
         #[arg(long, default_value = "127.0.0.1:9700")]
         listen: std::net::SocketAddr,
+        /// This manager's name in the leader Lease (with --kubernetes, where
+        /// several managers share the datastore; default: host name and pid).
+        #[arg(long, env = "POD_NAME")]
+        identity: Option<String>,
+        /// Seconds a leader's lease stands unrenewed before another manager
+        /// takes over; the leader stops reconciling 5 s before that.
+        #[arg(long, default_value_t = 15, value_parser = clap::value_parser!(u64).range(8..))]
+        lease_duration: u64,
     },
     /// Print the CRDs (what deploy/crds.yaml holds).
     Crds,
@@ -307,17 +315,25 @@ async fn drive(cli: Cli) -> Result<(), String> {
             standalone::up(standalone::UpConfig { data_dir, nodes, port_base, disk_size, file_disks, bin_dir }).await
         }
         Command::Purge { data_dir } => standalone::purge(&data_dir),
-        Command::Manager { data_dir, kubernetes, namespace, listen } => {
+        Command::Manager { data_dir, kubernetes, namespace, listen, identity, lease_duration } => {
             if kubernetes {
                 let store = ironhorn_manager::datastore::kubernetes::KubeStore::connect(&namespace)
                     .await
                     .map_err(|e| e.to_string())?;
-                ironhorn_manager::serve(store, GrpcCluster::default(), listen).await
+                let identity = identity.unwrap_or_else(default_identity);
+                let timing = ironhorn_manager::leader::Timing {
+                    duration: std::time::Duration::from_secs(lease_duration),
+                    renew_deadline: std::time::Duration::from_secs(lease_duration - 5),
+                    retry: std::time::Duration::from_secs(2),
+                };
+                let election = ironhorn_manager::Election { identity, timing };
+                ironhorn_manager::serve(store, GrpcCluster::default(), listen, Some(election)).await
             } else {
                 let dir = data_dir.ok_or("give --data-dir (embedded datastore) or --kubernetes")?;
                 let store =
                     ironhorn_manager::datastore::embedded::EmbeddedStore::open(&dir).map_err(|e| e.to_string())?;
-                ironhorn_manager::serve(store, GrpcCluster::default(), listen).await
+                // One directory has one manager: no election.
+                ironhorn_manager::serve(store, GrpcCluster::default(), listen, None).await
             }
         }
         Command::Crds => {
@@ -561,6 +577,12 @@ async fn drive(cli: Cli) -> Result<(), String> {
             Ok(())
         }
     }
+}
+
+/// The host's name and this process's id: unique among managers.
+fn default_identity() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    format!("{}-{}", host.trim(), std::process::id())
 }
 
 fn main() {

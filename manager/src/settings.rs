@@ -110,6 +110,13 @@ pub const DEFINITIONS: &[Definition] = &[
         description: "engines of volumes whose writeQuorum is default refuse writes that fewer than a majority \
                       of their replicas acknowledged (false: one replica is enough)",
     },
+    Definition {
+        name: "node-heartbeat-timeout",
+        default: "40",
+        kind: Kind::Int,
+        description: "seconds a registered node's heartbeat lease may go unrenewed before the node is not Ready \
+                      (nodes without a heartbeat lease, as in `ironhorn up`, are judged by their instance manager)",
+    },
 ];
 
 pub fn definition(name: &str) -> Option<&'static Definition> {

@@ -300,7 +300,7 @@ pub async fn up(config: UpConfig) -> Result<(), String> {
     );
     ironhorn_proto::say!("  ironhorn volume list; ironhorn node list; ironhorn replica list");
     ironhorn_proto::say!("Ctrl-C stops everything; the data dir keeps the volumes for the next `ironhorn up`.");
-    let result = crate::serve_on(store, GrpcCluster::default(), listener).await;
+    let result = crate::serve_on(store, GrpcCluster::default(), listener, None).await;
     ironhorn_proto::say!("stopping: engines, replicas, instance managers");
     stop_nodes(&nodes).await;
     result

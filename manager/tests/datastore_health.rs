@@ -56,7 +56,7 @@ fn set_robustness(volume: &mut Volume, robustness: &str) -> bool {
 async fn status_is_not_shown_as_current_while_datastore_writes_fail() {
     let fs = Tmpfs::mount("1m");
     let store = Recorded::new(EmbeddedStore::open(&fs.0.join("store")).unwrap());
-    let router = ironhorn_manager::api::router(store.clone());
+    let router = ironhorn_manager::api::router(store.clone(), ironhorn_manager::leader::Gate::always());
     let mut volume = Volume::new("v1", VolumeSpec { size: 1 << 30, number_of_replicas: 3, ..Default::default() });
     volume.status = Some(VolumeStatus { state: "attached".into(), robustness: "healthy".into(), ..Default::default() });
     store.create(&volume).await.unwrap();

@@ -25,7 +25,7 @@ use crate::epoch;
 use crate::events::{self, Kind::*};
 use crate::replenish::{self, Action};
 use crate::scheduler::{self, DiskCandidate, Limits, Placed};
-use crate::{settings, snapshots};
+use crate::{registration, settings, snapshots};
 
 mod engine;
 mod expand;
@@ -80,6 +80,8 @@ pub struct Snapshot {
     /// Snapshot objects (the CRD; this struct is the pass's snapshot).
     pub snapshots: Vec<crate::crd::Snapshot>,
     pub settings: settings::Values,
+    /// Node name → its heartbeat as judged at the pass's start.
+    pub heartbeats: HashMap<String, registration::Heartbeat>,
 }
 
 impl Snapshot {
@@ -87,8 +89,19 @@ impl Snapshot {
         self.nodes.iter().find(|n| n.name_any() == name)
     }
 
+    /// Its instance manager answers, and its heartbeat (if it keeps one)
+    /// is fresh.
     fn node_ready(&self, name: &str) -> bool {
-        matches!(self.instances.get(name), Some(Ok(_)))
+        matches!(self.instances.get(name), Some(Ok(_))) && self.heartbeat_problem(name).is_none()
+    }
+
+    fn heartbeat_problem(&self, name: &str) -> Option<String> {
+        match self.heartbeats.get(name) {
+            Some(registration::Heartbeat::Expired { seconds }) => {
+                Some(format!("heartbeat lease not renewed for {seconds} s"))
+            }
+            _ => None,
+        }
     }
 
     fn instance(&self, node: &str, name: &str) -> Option<&pb::Instance> {
@@ -132,6 +145,8 @@ pub struct Controller<D: Datastore, C: Cluster> {
     view_stale_since: Arc<Mutex<HashMap<String, std::time::Instant>>>,
     /// Volumes a copy task of this manager is filling (see `restore`).
     restoring: Arc<Mutex<HashSet<String>>>,
+    /// Whether this manager leads (only the leader reconciles).
+    gate: crate::leader::Gate,
 }
 
 /// How long an engine may disagree with the replica set it was given before
@@ -147,7 +162,19 @@ fn ds(e: datastore::Error) -> String {
 
 impl<D: Datastore, C: Cluster> Controller<D, C> {
     pub fn new(store: D, cluster: C) -> Self {
-        Self { store, cluster, view_stale_since: Arc::default(), restoring: Arc::default() }
+        Self {
+            store,
+            cluster,
+            view_stale_since: Arc::default(),
+            restoring: Arc::default(),
+            gate: crate::leader::Gate::always(),
+        }
+    }
+
+    /// Reconciles only while `gate` says this manager leads.
+    pub fn with_gate(mut self, gate: crate::leader::Gate) -> Self {
+        self.gate = gate;
+        self
     }
 
     /// Reconciles until `stop` resolves: on every change, and at least every
@@ -157,7 +184,9 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
         let mut nodes = self.store.watch::<Node>().await.ok();
         let mut stop = std::pin::pin!(stop);
         loop {
-            if let Err(e) = self.reconcile_all().await {
+            if !self.gate.is_leader() {
+                tracing::debug!("not the leader: no reconcile");
+            } else if let Err(e) = self.reconcile_all().await {
                 tracing::warn!(error = %e, "reconcile pass failed");
             }
             let changed = async {
@@ -183,6 +212,18 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
 
     pub async fn snapshot(&self) -> Result<Snapshot, String> {
         let nodes: Vec<Node> = self.store.list().await.map_err(ds)?;
+        let settings = settings::Values::load(&self.store).await.map_err(ds)?;
+        let leases: Vec<k8s_openapi::api::coordination::v1::Lease> = self.store.list().await.map_err(ds)?;
+        let timeout = Duration::from_secs(settings.u64("node-heartbeat-timeout"));
+        let now = jiff::Timestamp::now();
+        let heartbeats = nodes
+            .iter()
+            .map(|n| {
+                let lease_name = registration::heartbeat_lease_name(&n.name_any());
+                let lease = leases.iter().find(|l| l.metadata.name.as_deref() == Some(lease_name.as_str()));
+                (n.name_any(), registration::heartbeat(lease, now, timeout))
+            })
+            .collect();
         let mut instances = HashMap::new();
         let mut disks = HashMap::new();
         for node in &nodes {
@@ -205,18 +246,25 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
             engines: self.store.list().await.map_err(ds)?,
             replicas: self.store.list().await.map_err(ds)?,
             snapshots: self.store.list().await.map_err(ds)?,
-            settings: settings::Values::load(&self.store).await.map_err(ds)?,
+            settings,
+            heartbeats,
         })
     }
 
     pub async fn reconcile_all(&self) -> Outcome {
         let snapshot = self.snapshot().await?;
         for node in &snapshot.nodes {
+            if !self.gate.is_leader() {
+                return Err("no longer the leader: pass abandoned".into());
+            }
             if let Err(e) = self.reconcile_node(&snapshot, node).await {
                 tracing::warn!(node = %node.name_any(), error = %e, "node reconcile failed");
             }
         }
         for volume in &snapshot.volumes {
+            if !self.gate.is_leader() {
+                return Err("no longer the leader: pass abandoned".into());
+            }
             if let Err(e) = self.reconcile_volume(&snapshot, volume).await {
                 tracing::warn!(volume = %volume.name_any(), error = %e, "volume reconcile failed");
             }

@@ -44,14 +44,14 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
             disk_status.insert(disk_name.clone(), status);
         }
         let zone = node.labels().get("topology.kubernetes.io/zone").cloned().unwrap_or_default();
-        let (ready, ready_message) = match &reachable {
-            Ok(_) => (true, String::new()),
-            Err(e) => (false, e.clone()),
+        let (ready, reason, ready_message) = match (&reachable, snapshot.heartbeat_problem(&name)) {
+            (Err(e), _) => (false, "InstanceManagerUnreachable", e.clone()),
+            (Ok(_), Some(problem)) => (false, "HeartbeatExpired", problem),
+            (Ok(_), None) => (true, "", String::new()),
         };
         update_status::<Node, D>(&self.store, &name, |n| {
             let status = n.status.get_or_insert_default();
             let before = status.clone();
-            let reason = if ready { "" } else { "InstanceManagerUnreachable" };
             set_condition(&mut status.conditions, "Ready", ready, reason, &ready_message, &now);
             let schedulable = ready && n.spec.allow_scheduling;
             let why = if !ready {

@@ -28,10 +28,11 @@ impl<D: Datastore> Recorded<D> {
         match &result {
             // The backend answered: conflicts and missing objects are
             // answers, not failures to write.
-            Ok(_) | Err(Error::Conflict { .. } | Error::NotFound { .. } | Error::AlreadyExists { .. }) => {
-                *failure = None
-            }
-            Err(e @ Error::Backend(_)) => {
+            Ok(_)
+            | Err(
+                Error::Conflict { .. } | Error::NotFound { .. } | Error::AlreadyExists { .. } | Error::Invalid { .. },
+            ) => *failure = None,
+            Err(e @ (Error::Backend(_) | Error::Forbidden { .. })) => {
                 if failure.is_none() {
                     tracing::error!(error = %e, "datastore writes are failing: status shown by the API is not current");
                 }

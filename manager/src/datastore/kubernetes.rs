@@ -35,12 +35,18 @@ impl KubeStore {
     }
 }
 
-fn map_error<K: Object>(name: &str, error: kube::Error, on_409: fn(String, String) -> Error) -> Error {
+fn map_error<K: Object>(verb: &str, name: &str, error: kube::Error, on_409: fn(String, String) -> Error) -> Error {
     let kind = K::kind(&()).to_string();
-    match &error {
-        kube::Error::Api(status) if status.is_not_found() => Error::NotFound { kind, name: name.to_string() },
-        kube::Error::Api(status) if status.code == 409 => on_409(kind, name.to_string()),
-        _ => Error::Backend(format!("{kind} {name}: {error}")),
+    let name = name.to_string();
+    match error {
+        kube::Error::Api(status) => match status.code {
+            404 => Error::NotFound { kind, name },
+            409 => on_409(kind, name),
+            401 | 403 => Error::Forbidden { verb: verb.to_string(), kind, name, message: status.message },
+            400 | 422 => Error::Invalid { kind, name, message: status.message },
+            code => Error::Backend(format!("apiserver answered {code} to {verb} {kind} {name}: {}", status.message)),
+        },
+        other => Error::Backend(format!("{verb} {kind} {name}: apiserver unreachable: {other}")),
     }
 }
 
@@ -58,17 +64,21 @@ impl Datastore for KubeStore {
     }
 
     async fn get<K: Object>(&self, name: &str) -> Result<Option<K>> {
-        self.api::<K>().get_opt(name).await.map_err(|e| map_error::<K>(name, e, conflict))
+        self.api::<K>().get_opt(name).await.map_err(|e| map_error::<K>("get", name, e, conflict))
     }
 
     async fn list<K: Object>(&self) -> Result<Vec<K>> {
-        let list = self.api::<K>().list(&ListParams::default()).await.map_err(|e| map_error::<K>("", e, conflict))?;
+        let list =
+            self.api::<K>().list(&ListParams::default()).await.map_err(|e| map_error::<K>("list", "", e, conflict))?;
         Ok(list.items)
     }
 
     async fn create<K: Object>(&self, object: &K) -> Result<K> {
         let name = object.name_any();
-        self.api::<K>().create(&PostParams::default(), object).await.map_err(|e| map_error::<K>(&name, e, exists))
+        self.api::<K>()
+            .create(&PostParams::default(), object)
+            .await
+            .map_err(|e| map_error::<K>("create", &name, e, exists))
     }
 
     async fn replace<K: Object>(&self, object: &K) -> Result<K> {
@@ -76,7 +86,7 @@ impl Datastore for KubeStore {
         self.api::<K>()
             .replace(&name, &PostParams::default(), object)
             .await
-            .map_err(|e| map_error::<K>(&name, e, conflict))
+            .map_err(|e| map_error::<K>("update", &name, e, conflict))
     }
 
     async fn replace_status<K: Object>(&self, object: &K) -> Result<K> {
@@ -84,14 +94,14 @@ impl Datastore for KubeStore {
         self.api::<K>()
             .replace_status(&name, &PostParams::default(), object)
             .await
-            .map_err(|e| map_error::<K>(&name, e, conflict))
+            .map_err(|e| map_error::<K>("update status of", &name, e, conflict))
     }
 
     async fn delete<K: Object>(&self, name: &str) -> Result<()> {
         match self.api::<K>().delete(name, &DeleteParams::default()).await {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(status)) if status.is_not_found() => Ok(()),
-            Err(e) => Err(map_error::<K>(name, e, conflict)),
+            Err(e) => Err(map_error::<K>("delete", name, e, conflict)),
         }
     }
 

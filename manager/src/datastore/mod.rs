@@ -31,6 +31,15 @@ pub enum Error {
     AlreadyExists { kind: String, name: String },
     #[error("{kind} {name} was changed by someone else (resourceVersion conflict)")]
     Conflict { kind: String, name: String },
+    /// The backend refused this identity the request (apiserver 401/403).
+    #[error(
+        "the manager may not {verb} {kind} {name}: {message} (its service account lacks a rule; \
+         see the Roles in deploy/ironhorn.yaml)"
+    )]
+    Forbidden { verb: String, kind: String, name: String, message: String },
+    /// The backend rejected the object itself (apiserver 400/422).
+    #[error("{kind} {name} rejected: {message}")]
+    Invalid { kind: String, name: String, message: String },
     #[error("datastore: {0}")]
     Backend(String),
 }
