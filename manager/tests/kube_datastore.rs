@@ -235,23 +235,19 @@ async fn create_status_conflict_retry_watch_reconcile_and_delete_make_exactly_th
     let mut line = serde_json::to_vec(&event).unwrap();
     line.push(b'\n');
     events_tx.send(Ok(Frame::data(Bytes::from(line)))).await.unwrap();
-    // The pass: a snapshot (nodes, volumes, engines, replicas, snapshots,
-    // and the settings in one list: none set, so defaults), then the
-    // volume's status.
-    for kind in ["nodes", "volumes", "engines", "replicas", "snapshots", "settings"] {
+    // The pass: a snapshot (nodes, the settings in one list: none set, so
+    // defaults, the nodes' heartbeat leases, volumes, engines, replicas,
+    // snapshots), then the volume's status.
+    for kind in ["nodes", "settings", "leases", "volumes", "engines", "replicas", "snapshots"] {
         let items =
             if kind == "volumes" { vec![volume_json("6", 2, Some(json!({ "state": "detached" })))] } else { vec![] };
         let list_kind = format!("{}List", &kind[..1].to_uppercase()) + &kind[1..kind.len() - 1];
-        expect(
-            &mut handle,
-            Method::GET,
-            &format!("{BASE}/{kind}"),
-            &[],
-            no_body,
-            StatusCode::OK,
-            body(&list_json(&list_kind, items)),
-        )
-        .await;
+        let path = match kind {
+            "leases" => "/apis/coordination.k8s.io/v1/namespaces/ironhorn-system/leases".to_string(),
+            _ => format!("{BASE}/{kind}"),
+        };
+        expect(&mut handle, Method::GET, &path, &[], no_body, StatusCode::OK, body(&list_json(&list_kind, items)))
+            .await;
     }
     // Created without the finalizer (as kubectl would): the pass adds it, so
     // deleting the volume will wait for its engine, replicas and LVs.

@@ -1,0 +1,2 @@
+pub mod apiserver;
+pub mod nodes;
