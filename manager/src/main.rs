@@ -58,7 +58,7 @@ enum Command {
         /// Use the Kubernetes apiserver as the datastore.
         #[arg(long)]
         kubernetes: bool,
-        #[arg(long, default_value = "ironhorn-system")]
+        #[arg(long, default_value = "ironhorn-system", env = "POD_NAMESPACE")]
         namespace: String,
         #[arg(long, default_value = "127.0.0.1:9700")]
         listen: std::net::SocketAddr,
