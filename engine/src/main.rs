@@ -8,7 +8,7 @@ use ironhorn_proto::engine::engine_client::EngineClient;
 use ironhorn_proto::engine::*;
 
 #[derive(Parser)]
-#[command(name = "ironhorn-engine", about = "The engine of one ironhorn volume")]
+#[command(name = "ironhorn-engine", version, about = "The engine of one ironhorn volume")]
 struct Cli {
     #[command(subcommand)]
     command: Command,

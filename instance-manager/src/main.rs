@@ -6,7 +6,7 @@ use clap::{Parser, Subcommand};
 use ironhorn_instance_manager::{Config, parse_port_range};
 
 #[derive(Parser)]
-#[command(name = "ironhorn-instance-manager", about = "Starts and watches one node's ironhorn processes")]
+#[command(name = "ironhorn-instance-manager", version, about = "Starts and watches one node's ironhorn processes")]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -208,9 +208,19 @@ async fn create_volume<D: Datastore>(
         },
     );
     volume.metadata.finalizers = Some(vec![FINALIZER.to_string()]);
-    volume.status = Some(VolumeStatus { state: "creating".into(), robustness: "unknown".into(), ..Default::default() });
-    let created = store.create(&volume).await?;
-    reply(&created)
+    let mut created = store.create(&volume).await?;
+    // Status is a subresource: a create drops it, so it is written after.
+    created.status =
+        Some(VolumeStatus { state: "creating".into(), robustness: "unknown".into(), ..Default::default() });
+    match store.replace_status(&created).await {
+        Ok(written) => reply(&written),
+        // Created all the same; the first controller pass writes status.
+        Err(e) => {
+            tracing::warn!(volume = %created.metadata.name.as_deref().unwrap_or_default(), error = %e, "initial status not written");
+            created.status = None;
+            reply(&created)
+        }
+    }
 }
 
 /// A volume as the API shows it. While the manager's datastore writes fail,

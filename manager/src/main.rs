@@ -8,7 +8,7 @@ use ironhorn_manager::{cluster::GrpcCluster, crd, standalone};
 use serde_json::{Value, json};
 
 #[derive(Parser)]
-#[command(name = "ironhorn", about = "ironhorn: replicated block storage")]
+#[command(name = "ironhorn", version, about = "ironhorn: replicated block storage")]
 struct Cli {
     /// REST API of the manager.
     #[arg(long, global = true, env = "IRONHORN_API", default_value = "http://127.0.0.1:9700")]

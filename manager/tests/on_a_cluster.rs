@@ -233,3 +233,82 @@ async fn a_stopping_leader_releases_the_lease_and_the_other_takes_over_at_once()
     assert!(released.elapsed() < timing().duration, "a released lease is taken without waiting out its duration");
     let _ = second.stop.send(true);
 }
+
+async fn three_nodes_and_a_volume(api: &FakeApiserver) {
+    let admin = KubeStore::new(api.client("admin"), NS);
+    for n in ["n1", "n2", "n3"] {
+        let disk = DiskSpec { path: "file:/d".into(), allow_scheduling: true, ..Default::default() };
+        let spec = NodeSpec {
+            allow_scheduling: true,
+            tags: vec![],
+            disks: [("disk-1".to_string(), disk)].into(),
+            instance_manager_address: format!("{n}:8500"),
+        };
+        admin.create(&Node::new(n, spec)).await.unwrap();
+    }
+    admin
+        .create(&Volume::new("v1", VolumeSpec { size: 1 << 30, number_of_replicas: 3, ..Default::default() }))
+        .await
+        .unwrap();
+}
+
+/// The replicas' (name, node), sorted by name.
+fn placement(api: &FakeApiserver) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = api
+        .objects(REPLICAS)
+        .iter()
+        .map(|r| (r["metadata"]["name"].as_str().unwrap().into(), r["spec"]["nodeID"].as_str().unwrap().into()))
+        .collect();
+    out.sort();
+    out
+}
+
+fn assert_one_per_node(placement: &[(String, String)]) {
+    let names: Vec<&str> = placement.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["v1-r-0", "v1-r-1", "v1-r-2"], "{placement:?}");
+    let mut nodes: Vec<&str> = placement.iter().map(|(_, n)| n.as_str()).collect();
+    nodes.sort();
+    assert_eq!(nodes, ["n1", "n2", "n3"], "one replica per node: {placement:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_manager_dying_between_replica_creates_leaves_a_set_the_next_pass_completes() {
+    let api = FakeApiserver::new();
+    three_nodes_and_a_volume(&api).await;
+    // The first manager writes one Replica object, then dies.
+    api.die_after_creates("first", "/replicas", 1);
+    let first = Controller::new(KubeStore::new(api.client("first"), NS), HealthyNodes::default());
+    // Its first pass reports the nodes' disks ready; its second places.
+    for _ in 0..2 {
+        let _ = first.reconcile_all().await;
+    }
+    let partial = placement(&api);
+    assert_eq!(partial.len(), 1, "the crash must fall between the creates: {partial:?}");
+    let volume = api.object("/apis/ironhorn.io/v1alpha1/namespaces/ironhorn-system/volumes", "v1").unwrap();
+    let scheduled = volume["status"]["conditions"].as_array().into_iter().flatten().find(|c| c["type"] == "Scheduled");
+    assert!(scheduled.is_none_or(|c| c["status"] != "True"), "marked scheduled with 1 of 3: {volume}");
+
+    // The next manager finishes the set beside the replica already there.
+    let second = Controller::new(KubeStore::new(api.client("second"), NS), HealthyNodes::default());
+    second.reconcile_all().await.expect("pass");
+    let complete = placement(&api);
+    assert_one_per_node(&complete);
+    assert!(complete.contains(&partial[0]), "the replica written before the crash is kept: {complete:?}");
+    let volume = api.object("/apis/ironhorn.io/v1alpha1/namespaces/ironhorn-system/volumes", "v1").unwrap();
+    let scheduled = volume["status"]["conditions"].as_array().unwrap().iter().find(|c| c["type"] == "Scheduled");
+    assert_eq!(scheduled.unwrap()["status"], "True", "{volume}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_writers_placing_one_volume_at_once_make_no_extra_replica() {
+    for _ in 0..5 {
+        let api = FakeApiserver::new();
+        three_nodes_and_a_volume(&api).await;
+        let a = Controller::new(KubeStore::new(api.client("a"), NS), HealthyNodes::default());
+        let b = Controller::new(KubeStore::new(api.client("b"), NS), HealthyNodes::default());
+        for _ in 0..3 {
+            let _ = tokio::join!(a.reconcile_all(), b.reconcile_all());
+        }
+        assert_one_per_node(&placement(&api));
+    }
+}

@@ -7,7 +7,7 @@ use ironhorn_replica::store::StoreConfig;
 use ironhorn_replica::{ServeConfig, parse_size};
 
 #[derive(Parser)]
-#[command(name = "ironhorn-replica", about = "One replica of one ironhorn volume")]
+#[command(name = "ironhorn-replica", version, about = "One replica of one ironhorn volume")]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -254,7 +254,7 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
             Action::Create => self.create_replacement(snapshot, volume, replicas).await,
             Action::CreateLocal { node } => {
                 let pick = self.local_pick(snapshot, volume, replicas, &node).map_err(|e| e.to_string())?;
-                let replica_name = self.create_replica_object(snapshot, volume, &pick.node, &pick.disk).await?;
+                let replica_name = self.create_added_replica(snapshot, volume, &pick.node, &pick.disk).await?;
                 let message =
                     format!("created replica {replica_name} on {node}, where the volume is attached (data locality)");
                 events::record(&self.store, &name, Normal, "ReplicaCreated", &message).await;
@@ -303,7 +303,7 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
     }
 
     /// Where the volume's healthy replicas are.
-    fn placed(snapshot: &Snapshot, replicas: &[&Replica]) -> Vec<Placed> {
+    pub(super) fn placed(snapshot: &Snapshot, replicas: &[&Replica]) -> Vec<Placed> {
         replicas
             .iter()
             .filter(|r| r.spec.failed_at.is_empty())
@@ -338,7 +338,7 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
                 .await
             }
             Ok(pick) => {
-                let replica_name = self.create_replica_object(snapshot, volume, &pick.node, &pick.disk).await?;
+                let replica_name = self.create_added_replica(snapshot, volume, &pick.node, &pick.disk).await?;
                 self.set_volume_status(&name, |s| set_condition(&mut s.conditions, "Scheduled", true, "", "", &now))
                     .await?;
                 let message = format!("created replica {replica_name} on node {}", pick.node);

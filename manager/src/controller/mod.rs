@@ -306,8 +306,21 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
             .map_err(ds)?;
         }
         let replicas = snapshot.replicas_of(&name);
-        if replicas.is_empty() {
-            return self.schedule_new_volume(snapshot, volume).await;
+        // Until the initial set is complete (a pass may have stopped between
+        // its creates), nothing else happens to the volume.
+        let scheduled = volume
+            .status
+            .as_ref()
+            .and_then(|s| condition(&s.conditions, "Scheduled"))
+            .is_some_and(|c| c.status == "True");
+        if replicas.is_empty() || (!scheduled && replicas.len() < volume.spec.number_of_replicas as usize) {
+            return self.schedule_new_volume(snapshot, volume, &replicas).await;
+        }
+        if !scheduled {
+            // All placed, but the pass that placed them stopped before saying so.
+            let now = now();
+            self.set_volume_status(&name, |s| set_condition(&mut s.conditions, "Scheduled", true, "", "", &now))
+                .await?;
         }
         // Each replica's process runs while its volume exists.
         for replica in &replicas {

@@ -74,11 +74,22 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
         }
     }
 
-    /// A new volume gets all its replicas placed at once, or none.
-    pub(super) async fn schedule_new_volume(&self, snapshot: &Snapshot, volume: &Volume) -> Outcome {
+    /// A new volume gets all its replicas placed at once, or none. The
+    /// initial replicas have fixed names (`VOLUME-r-0`, `-r-1`, …), so a
+    /// second writer's create of the same slot fails instead of adding an
+    /// extra replica; a pass interrupted between the creates (a crash, an
+    /// apiserver error) is finished by the next one (`existing`: the slots
+    /// already written), which places the missing slots beside them.
+    pub(super) async fn schedule_new_volume(
+        &self,
+        snapshot: &Snapshot,
+        volume: &Volume,
+        existing: &[&Replica],
+    ) -> Outcome {
         let name = volume.name_any();
-        let request = Self::scheduling_request(&snapshot.settings, volume, Vec::new());
-        let count = volume.spec.number_of_replicas as usize;
+        let placed = Self::placed(snapshot, existing);
+        let request = Self::scheduling_request(&snapshot.settings, volume, placed);
+        let count = (volume.spec.number_of_replicas as usize).saturating_sub(existing.len());
         let limits = limits(&snapshot.settings);
         let now = now();
         match scheduler::schedule_replicas(&request, count, &Self::candidates(snapshot), limits) {
@@ -92,8 +103,17 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
                 .await
             }
             Ok(placed) => {
-                for p in placed {
-                    let replica_name = self.create_replica_object(snapshot, volume, &p.node, &p.disk).await?;
+                let taken: BTreeSet<String> = existing.iter().map(|r| r.name_any()).collect();
+                let free_slots = (0..).map(|i| initial_replica_name(&name, i)).filter(|n| !taken.contains(n));
+                for (p, replica_name) in placed.into_iter().zip(free_slots) {
+                    match self.create_replica_object(snapshot, volume, &replica_name, &p.node, &p.disk).await {
+                        Ok(()) => {}
+                        // Another writer placed this slot: read again next pass.
+                        Err(ReplicaCreate::Exists) => {
+                            return Err(format!("replica {replica_name} was created by someone else; placing again"));
+                        }
+                        Err(ReplicaCreate::Failed(e)) => return Err(e),
+                    }
                     tracing::info!(volume = %name, replica = %replica_name, node = %p.node, disk = %p.disk, "replica scheduled");
                 }
                 self.set_volume_status(&name, |s| {
@@ -104,30 +124,62 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
         }
     }
 
-    /// A new Replica object for `volume` on `node`'s `disk`; returns its name.
-    pub(super) async fn create_replica_object(
+    /// A new replica (not one of the initial set) for `volume`; returns its name.
+    pub(super) async fn create_added_replica(
         &self,
         snapshot: &Snapshot,
         volume: &Volume,
         node: &str,
         disk: &str,
     ) -> Result<String, String> {
+        let replica_name = format!("{}-r-{}", volume.name_any(), short_id());
+        match self.create_replica_object(snapshot, volume, &replica_name, node, disk).await {
+            Ok(()) => Ok(replica_name),
+            Err(ReplicaCreate::Exists) => Err(format!("replica {replica_name} exists already")),
+            Err(ReplicaCreate::Failed(e)) => Err(e),
+        }
+    }
+
+    /// A new Replica object `replica_name` for `volume` on `node`'s `disk`.
+    async fn create_replica_object(
+        &self,
+        snapshot: &Snapshot,
+        volume: &Volume,
+        replica_name: &str,
+        node: &str,
+        disk: &str,
+    ) -> Result<(), ReplicaCreate> {
         let name = volume.name_any();
-        let replica_name = format!("{name}-r-{}", short_id());
-        let node_object = snapshot.node(node).ok_or("scheduled on a node that vanished")?;
-        let disk_spec = node_object.spec.disks.get(disk).ok_or("scheduled on a disk that vanished")?;
+        let vanished = |what: &str| ReplicaCreate::Failed(format!("scheduled on a {what} that vanished"));
+        let node_object = snapshot.node(node).ok_or_else(|| vanished("node"))?;
+        let disk_spec = node_object.spec.disks.get(disk).ok_or_else(|| vanished("disk"))?;
         let spec = ReplicaSpec {
             volume_name: name.clone(),
             node_id: node.to_string(),
             disk_id: disk.to_string(),
-            data_path: data_path(&disk_spec.path, &replica_name),
+            data_path: data_path(&disk_spec.path, replica_name),
             volume_size: volume.spec.size,
             desire_state: "running".into(),
             ..Default::default()
         };
-        let mut replica = Replica::new(&replica_name, spec);
+        let mut replica = Replica::new(replica_name, spec);
         replica.metadata.labels = Some([("ironhorn.io/volume".to_string(), name)].into());
-        self.store.create(&replica).await.map_err(ds)?;
-        Ok(replica_name)
+        match self.store.create(&replica).await {
+            Ok(_) => Ok(()),
+            Err(datastore::Error::AlreadyExists { .. }) => Err(ReplicaCreate::Exists),
+            Err(e) => Err(ReplicaCreate::Failed(ds(e))),
+        }
     }
+}
+
+/// Why a Replica object was not created.
+enum ReplicaCreate {
+    /// The name is taken (another writer, or an earlier pass).
+    Exists,
+    Failed(String),
+}
+
+/// The name of slot `slot` of a volume's initial replica set.
+pub fn initial_replica_name(volume: &str, slot: usize) -> String {
+    format!("{volume}-r-{slot}")
 }

@@ -185,6 +185,11 @@ impl Datastore for EmbeddedStore {
         if inner.objects.get(&plural).is_some_and(|m| m.contains_key(&name)) {
             return Err(Error::AlreadyExists { kind, name });
         }
+        // As the apiserver does for kinds with a status subresource: a
+        // create writes metadata and spec; status only through replace_status.
+        if let Some(map) = value.as_object_mut() {
+            map.remove("status");
+        }
         let serial = inner.next_version;
         value["metadata"]["uid"] = json!(format!("{:016x}-{serial}", jiff::Timestamp::now().as_nanosecond() as u64));
         value["metadata"]["creationTimestamp"] = json!(now());

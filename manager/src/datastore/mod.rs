@@ -7,7 +7,9 @@
 //! - every write carries the object's resourceVersion; a stale one is a
 //!   [`Error::Conflict`], so a read-modify-write never loses another writer's
 //!   change ([`update_status`] and [`update`] retry on conflict);
-//! - `replace` changes metadata and spec, `replace_status` only status;
+//! - `create` and `replace` write metadata and spec (a status in the object
+//!   is dropped, as the apiserver does for a status subresource),
+//!   `replace_status` only status;
 //! - deleting an object with finalizers only sets its deletionTimestamp; it
 //!   goes away when the last finalizer is removed.
 

@@ -78,6 +78,8 @@ struct State {
     watchers: Vec<(String, u64, mpsc::UnboundedSender<Result<Frame<Bytes>, std::io::Error>>)>,
     log: Vec<Logged>,
     cut_off: HashSet<String>,
+    /// client → (collection suffix, creates still allowed there)
+    create_budget: BTreeMap<String, (String, usize)>,
 }
 
 #[derive(Clone, Default)]
@@ -135,6 +137,12 @@ impl FakeApiserver {
         }
     }
 
+    /// `who` may create `n` more objects in collections ending in `suffix`;
+    /// after that it is cut off (a manager dying between two writes).
+    pub fn die_after_creates(&self, who: &str, suffix: &str, n: usize) {
+        self.state.lock().unwrap().create_budget.insert(who.to_string(), (suffix.to_string(), n));
+    }
+
     pub fn log(&self) -> Vec<Logged> {
         self.state.lock().unwrap().log.clone()
     }
@@ -175,6 +183,16 @@ impl FakeApiserver {
             path: path.clone(),
             query: query.clone(),
         });
+        if method == Method::POST
+            && let Some((suffix, left)) = state.create_budget.get_mut(who)
+            && path.ends_with(suffix.as_str())
+        {
+            if *left == 0 {
+                state.cut_off.insert(who.to_string());
+            } else {
+                *left -= 1;
+            }
+        }
         if state.cut_off.contains(who) {
             return answer(StatusCode::SERVICE_UNAVAILABLE, full(&status_body(503, "ServiceUnavailable", "cut off")));
         }
