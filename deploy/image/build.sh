@@ -57,7 +57,8 @@ rm -rf "$rootfs"/var/lib/apt/lists/* "$rootfs"/var/cache/apt/*
 sed -i -e 's/^\(\s*\)# *udev_sync = 1/\1udev_sync = 0/' -e 's/^\(\s*\)# *udev_rules = 1/\1udev_rules = 0/' \
     "$rootfs/etc/lvm/lvm.conf"
 for bin in "${BINARIES[@]}"; do
-    install -m 0755 "$repo/target/release/$bin" "$rootfs/usr/local/bin/$bin"
+    # Stripped: the release profile keeps line tables for backtraces.
+    install -s -m 0755 "$repo/target/release/$bin" "$rootfs/usr/local/bin/$bin"
 done
 
 echo "== umoci: OCI layout" >&2

@@ -312,3 +312,50 @@ async fn two_writers_placing_one_volume_at_once_make_no_extra_replica() {
         assert_one_per_node(&placement(&api));
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_manager_with_100_volumes_makes_no_request_at_idle_beyond_its_watches() {
+    let api = FakeApiserver::new();
+    three_nodes_and_a_volume(&api).await;
+    let admin = KubeStore::new(api.client("admin"), NS);
+    for i in 2..=100 {
+        let spec = VolumeSpec { size: 256 << 20, number_of_replicas: 3, ..Default::default() };
+        admin.create(&Volume::new(&format!("v{i}"), spec)).await.unwrap();
+    }
+    let store = KubeStore::cached(api.client("manager"), NS);
+    let controller = Controller::new(store, HealthyNodes::default());
+    let (stop, stop_rx) = tokio::sync::watch::channel(false);
+    let running = tokio::spawn(async move {
+        let mut rx = stop_rx;
+        controller
+            .run(Duration::from_millis(200), async move {
+                let _ = rx.wait_for(|s| *s).await;
+            })
+            .await
+    });
+    // Busy until every volume is placed, started and reported detached.
+    eventually("100 volumes detached", Duration::from_secs(60), || {
+        let volumes = api.objects("/apis/ironhorn.io/v1alpha1/namespaces/ironhorn-system/volumes");
+        (volumes.len() == 100 && volumes.iter().all(|v| v["status"]["state"] == "detached")).then_some(())
+    })
+    .await;
+    assert_eq!(api.objects(REPLICAS).len(), 300);
+    // Settle: one more second for the last status writes.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let before = api.log().len();
+    let idle = Duration::from_secs(6);
+    tokio::time::sleep(idle).await;
+    let requests: Vec<String> = api.log()[before..]
+        .iter()
+        .filter(|l| l.client == "manager")
+        .map(|l| format!("{} {}?{}", l.method, l.path, l.query))
+        .collect();
+    let per_minute = requests.len() as f64 * 60.0 / idle.as_secs_f64();
+    assert!(
+        requests.is_empty(),
+        "{per_minute:.0} requests/min at idle with 100 volumes (30 passes): {:?}",
+        &requests[..requests.len().min(20)]
+    );
+    let _ = stop.send(true);
+    running.await.unwrap();
+}

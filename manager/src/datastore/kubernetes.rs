@@ -6,28 +6,57 @@
 //!
 //! Watches list once for a resourceVersion, then watch from it; when the
 //! stream ends or the version expires (410) they list and watch again.
+//!
+//! [`KubeStore::cached`] (what the manager runs) reads from watch-fed
+//! caches instead (see [`super::cache`]); [`KubeStore::new`] reads from the
+//! apiserver every time (an instance manager reads one object a minute).
 
 use kube::api::{Api, DeleteParams, ListParams, PostParams, WatchEvent, WatchParams};
 use kube::{Client, ResourceExt};
 use tokio::sync::mpsc;
 
+use super::cache::{Caches, KindCache, unsure};
 use super::{Change, Datastore, Error, Object, Result};
 
 #[derive(Clone)]
 pub struct KubeStore {
     client: Client,
     namespace: String,
+    caches: Option<Caches>,
 }
 
 impl KubeStore {
+    /// Every read asks the apiserver.
     pub fn new(client: Client, namespace: &str) -> Self {
-        Self { client, namespace: namespace.to_string() }
+        Self { client, namespace: namespace.to_string(), caches: None }
     }
 
-    /// A client from the in-cluster service account or ~/.kube/config.
+    /// Reads come from watch-fed caches, one per kind, started on first use.
+    pub fn cached(client: Client, namespace: &str) -> Self {
+        Self { client, namespace: namespace.to_string(), caches: Some(Caches::default()) }
+    }
+
+    /// A cached store with a client from the in-cluster service account or
+    /// ~/.kube/config.
     pub async fn connect(namespace: &str) -> Result<Self> {
         let client = Client::try_default().await.map_err(|e| Error::Backend(format!("kubernetes client: {e}")))?;
-        Ok(Self::new(client, namespace))
+        Ok(Self::cached(client, namespace))
+    }
+
+    fn cache<K: Object>(&self) -> Option<std::sync::Arc<KindCache>> {
+        self.caches.as_ref().map(|c| c.of::<K>(&self.client, &self.namespace))
+    }
+
+    /// Keeps the cache in step with a write's answer.
+    fn wrote<K: Object>(&self, name: &str, result: Result<K>) -> Result<K> {
+        if let Some(cache) = self.cache::<K>() {
+            match &result {
+                Ok(object) => cache.learned(name, Some(object)),
+                Err(e) if unsure(e) => cache.invalidate(name),
+                Err(_) => {}
+            }
+        }
+        result
     }
 
     fn api<K: Object>(&self) -> Api<K> {
@@ -64,10 +93,25 @@ impl Datastore for KubeStore {
     }
 
     async fn get<K: Object>(&self, name: &str) -> Result<Option<K>> {
-        self.api::<K>().get_opt(name).await.map_err(|e| map_error::<K>("get", name, e, conflict))
+        let cache = self.cache::<K>();
+        if let Some(cache) = &cache
+            && let Some(cached) = cache.get::<K>(name).await
+        {
+            return cached;
+        }
+        let fresh = self.api::<K>().get_opt(name).await.map_err(|e| map_error::<K>("get", name, e, conflict))?;
+        if let Some(cache) = cache {
+            cache.learned(name, fresh.as_ref());
+        }
+        Ok(fresh)
     }
 
     async fn list<K: Object>(&self) -> Result<Vec<K>> {
+        if let Some(cache) = self.cache::<K>()
+            && let Some(cached) = cache.list::<K>().await
+        {
+            return cached;
+        }
         let list =
             self.api::<K>().list(&ListParams::default()).await.map_err(|e| map_error::<K>("list", "", e, conflict))?;
         Ok(list.items)
@@ -75,37 +119,51 @@ impl Datastore for KubeStore {
 
     async fn create<K: Object>(&self, object: &K) -> Result<K> {
         let name = object.name_any();
-        self.api::<K>()
+        let result = self
+            .api::<K>()
             .create(&PostParams::default(), object)
             .await
-            .map_err(|e| map_error::<K>("create", &name, e, exists))
+            .map_err(|e| map_error::<K>("create", &name, e, exists));
+        self.wrote(&name, result)
     }
 
     async fn replace<K: Object>(&self, object: &K) -> Result<K> {
         let name = object.name_any();
-        self.api::<K>()
+        let result = self
+            .api::<K>()
             .replace(&name, &PostParams::default(), object)
             .await
-            .map_err(|e| map_error::<K>("update", &name, e, conflict))
+            .map_err(|e| map_error::<K>("update", &name, e, conflict));
+        self.wrote(&name, result)
     }
 
     async fn replace_status<K: Object>(&self, object: &K) -> Result<K> {
         let name = object.name_any();
-        self.api::<K>()
+        let result = self
+            .api::<K>()
             .replace_status(&name, &PostParams::default(), object)
             .await
-            .map_err(|e| map_error::<K>("update status of", &name, e, conflict))
+            .map_err(|e| map_error::<K>("update status of", &name, e, conflict));
+        self.wrote(&name, result)
     }
 
     async fn delete<K: Object>(&self, name: &str) -> Result<()> {
-        match self.api::<K>().delete(name, &DeleteParams::default()).await {
+        let result = match self.api::<K>().delete(name, &DeleteParams::default()).await {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(status)) if status.is_not_found() => Ok(()),
             Err(e) => Err(map_error::<K>("delete", name, e, conflict)),
+        };
+        // Gone, or only marked for deletion: read it again to know.
+        if let Some(cache) = self.cache::<K>() {
+            cache.invalidate(name);
         }
+        result
     }
 
     async fn watch<K: Object>(&self) -> Result<mpsc::Receiver<Change>> {
+        if let Some(cache) = self.cache::<K>() {
+            return Ok(cache.subscribe());
+        }
         use futures_util::StreamExt;
         let (tx, rx) = mpsc::channel(1024);
         let api = self.api::<K>();

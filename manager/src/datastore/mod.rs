@@ -13,6 +13,7 @@
 //! - deleting an object with finalizers only sets its deletionTimestamp; it
 //!   goes away when the last finalizer is removed.
 
+mod cache;
 pub mod embedded;
 pub mod health;
 pub mod kubernetes;
