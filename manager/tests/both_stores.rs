@@ -63,3 +63,45 @@ async fn kubernetes_store() {
     let api = FakeApiserver::new();
     status_is_a_subresource(KubeStore::new(api.client("manager"), "ironhorn-system"), "kubernetes").await;
 }
+
+async fn call(router: &axum::Router, method: &str, uri: &str, body: Option<Value>) -> (u16, String) {
+    let request = Request::builder()
+        .method(method)
+        .uri(uri)
+        .header("content-type", "application/json")
+        .body(body.map(|b| Body::from(b.to_string())).unwrap_or_else(Body::empty))
+        .unwrap();
+    let response = router.clone().oneshot(request).await.unwrap();
+    let status = response.status().as_u16();
+    let body: Value =
+        serde_json::from_slice(&axum::body::to_bytes(response.into_body(), 1 << 20).await.unwrap()).unwrap();
+    (status, body["error"].as_str().unwrap_or_default().to_string())
+}
+
+#[tokio::test]
+async fn apiserver_refusals_come_out_of_the_rest_api_as_their_own_status_with_a_message_to_act_on() {
+    let api = FakeApiserver::new();
+    let store = KubeStore::cached(api.client("manager"), "ironhorn-system");
+    let router = ironhorn_manager::api::router(store, ironhorn_manager::leader::Gate::always());
+    let create = json!({ "name": "v1", "size": "1GiB" });
+    assert_eq!(call(&router, "POST", "/v1/volumes", Some(create.clone())).await.0, 200);
+    // 409: the name is taken.
+    let (status, message) = call(&router, "POST", "/v1/volumes", Some(create)).await;
+    assert_eq!((status, message.contains("already exists")), (409, true), "{message}");
+    // 404: no such volume.
+    let (status, message) = call(&router, "GET", "/v1/volumes/nope", None).await;
+    assert_eq!((status, message.contains("not found")), (404, true), "{message}");
+    // 403: the service account lacks a rule; the message says which and where to look.
+    api.forbid("manager");
+    let (status, message) = call(&router, "POST", "/v1/volumes", Some(json!({ "name": "v2", "size": "1GiB" }))).await;
+    assert_eq!(status, 403, "{message}");
+    assert!(message.contains("may not create Volume v2") && message.contains("deploy/ironhorn.yaml"), "{message}");
+    assert!(!message.contains("ErrorResponse") && !message.contains("Status {"), "debug text leaked: {message}");
+    // Unreachable: 503, not 500.
+    let cut = FakeApiserver::new();
+    let store = KubeStore::new(cut.client("manager"), "ironhorn-system");
+    cut.cut_off("manager", true);
+    let router = ironhorn_manager::api::router(store, ironhorn_manager::leader::Gate::always());
+    let (status, message) = call(&router, "GET", "/v1/volumes", None).await;
+    assert_eq!(status, 503, "{message}");
+}

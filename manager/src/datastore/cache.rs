@@ -42,6 +42,9 @@ pub(super) struct KindCache {
     api_version: String,
     entries: Mutex<Entries>,
     synced: watch::Sender<bool>,
+    /// The informer's last LIST failed (reads go straight to the apiserver,
+    /// and get its answer, instead of waiting).
+    failing: std::sync::atomic::AtomicBool,
     subscribers: Mutex<Vec<mpsc::Sender<Change>>>,
 }
 
@@ -75,6 +78,9 @@ impl KindCache {
     }
 
     async fn wait_synced(&self) -> bool {
+        if self.failing.load(std::sync::atomic::Ordering::Relaxed) {
+            return false;
+        }
         let mut rx = self.synced.subscribe();
         tokio::time::timeout(SYNC_WAIT, rx.wait_for(|s| *s)).await.is_ok_and(|r| r.is_ok())
     }
@@ -201,6 +207,7 @@ impl Caches {
             api_version: K::api_version(&()).to_string(),
             entries: Mutex::default(),
             synced: watch::channel(false).0,
+            failing: Default::default(),
             subscribers: Mutex::default(),
         });
         kinds.insert(key, cache.clone());
@@ -230,6 +237,10 @@ async fn inform(api: Api<DynamicObject>, cache: std::sync::Weak<KindCache>) {
             Ok(list) => list,
             Err(e) => {
                 failures += 1;
+                if let Some(c) = cache.upgrade() {
+                    c.failing.store(true, std::sync::atomic::Ordering::Relaxed);
+                    c.synced.send_replace(false);
+                }
                 tracing::warn!(%kind, error = %e, "cache list failed");
                 tokio::time::sleep(backoff(failures)).await;
                 continue;
@@ -237,7 +248,10 @@ async fn inform(api: Api<DynamicObject>, cache: std::sync::Weak<KindCache>) {
         };
         let version = list.metadata.resource_version.clone().unwrap_or_default();
         match cache.upgrade() {
-            Some(c) => c.replace_all(&list.items),
+            Some(c) => {
+                c.failing.store(false, std::sync::atomic::Ordering::Relaxed);
+                c.replace_all(&list.items)
+            }
             None => return,
         }
         let stream = match api.watch(&WatchParams::default(), &version).await {

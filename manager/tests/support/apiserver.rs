@@ -78,6 +78,8 @@ struct State {
     watchers: Vec<(String, u64, mpsc::UnboundedSender<Result<Frame<Bytes>, std::io::Error>>)>,
     log: Vec<Logged>,
     cut_off: HashSet<String>,
+    /// Clients answered 403 (no RBAC rule).
+    forbidden: HashSet<String>,
     /// client → (collection suffix, creates still allowed there)
     create_budget: BTreeMap<String, (String, usize)>,
 }
@@ -135,6 +137,11 @@ impl FakeApiserver {
         } else {
             state.cut_off.remove(who);
         }
+    }
+
+    /// From now on every request of `who` is answered 403 Forbidden.
+    pub fn forbid(&self, who: &str) {
+        self.state.lock().unwrap().forbidden.insert(who.to_string());
     }
 
     /// `who` may create `n` more objects in collections ending in `suffix`;
@@ -195,6 +202,10 @@ impl FakeApiserver {
         }
         if state.cut_off.contains(who) {
             return answer(StatusCode::SERVICE_UNAVAILABLE, full(&status_body(503, "ServiceUnavailable", "cut off")));
+        }
+        if state.forbidden.contains(who) {
+            let message = format!("User \"system:serviceaccount:ironhorn-system:{who}\" cannot {method} {path}");
+            return answer(StatusCode::FORBIDDEN, full(&status_body(403, "Forbidden", &message)));
         }
         let Some(target) = parse(&path) else {
             return answer(StatusCode::NOT_FOUND, full(&status_body(404, "NotFound", &format!("no route {path}"))));
