@@ -4,15 +4,12 @@
 
 mod support;
 
-use axum::body::Body;
-use http::Request;
 use ironhorn_manager::crd::{Volume, VolumeSpec, VolumeStatus};
 use ironhorn_manager::datastore::Datastore;
 use ironhorn_manager::datastore::embedded::EmbeddedStore;
 use ironhorn_manager::datastore::kubernetes::KubeStore;
 use serde_json::{Value, json};
 use support::apiserver::FakeApiserver;
-use tower::ServiceExt;
 
 async fn status_is_a_subresource<D: Datastore>(store: D, which: &str) {
     let mut v = Volume::new("v1", VolumeSpec { size: 1 << 30, number_of_replicas: 3, ..Default::default() });
@@ -37,14 +34,9 @@ async fn status_is_a_subresource<D: Datastore>(store: D, which: &str) {
 
     // Through the REST API: a new volume reads `creating` at once.
     let router = ironhorn_manager::api::router(store.clone(), ironhorn_manager::leader::Gate::always());
-    let post = Request::post("/v1/volumes")
-        .header("content-type", "application/json")
-        .body(Body::from(json!({ "name": "v2", "size": "1GiB" }).to_string()))
-        .unwrap();
-    let response = router.clone().oneshot(post).await.unwrap();
-    assert_eq!(response.status(), 200, "{which}");
-    let body: Value =
-        serde_json::from_slice(&axum::body::to_bytes(response.into_body(), 1 << 20).await.unwrap()).unwrap();
+    let (status, body) =
+        support::rest::call(&router, "POST", "/v1/volumes", Some(json!({ "name": "v2", "size": "1GiB" }))).await;
+    assert_eq!(status, 200, "{which}");
     assert_eq!(body["status"]["state"], "creating", "{which}: {body}");
     let stored = store.get::<Volume>("v2").await.unwrap().unwrap();
     assert_eq!(stored.status.unwrap().state, "creating", "{which}");
@@ -65,16 +57,7 @@ async fn kubernetes_store() {
 }
 
 async fn call(router: &axum::Router, method: &str, uri: &str, body: Option<Value>) -> (u16, String) {
-    let request = Request::builder()
-        .method(method)
-        .uri(uri)
-        .header("content-type", "application/json")
-        .body(body.map(|b| Body::from(b.to_string())).unwrap_or_else(Body::empty))
-        .unwrap();
-    let response = router.clone().oneshot(request).await.unwrap();
-    let status = response.status().as_u16();
-    let body: Value =
-        serde_json::from_slice(&axum::body::to_bytes(response.into_body(), 1 << 20).await.unwrap()).unwrap();
+    let (status, body) = support::rest::call(router, method, uri, body).await;
     (status, body["error"].as_str().unwrap_or_default().to_string())
 }
 

@@ -144,21 +144,7 @@ fn writes_of(api: &FakeApiserver, who: &str) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_managers_contend_for_the_lease_one_reconciles_and_the_other_takes_over_when_it_stops_renewing() {
     let api = FakeApiserver::new();
-    let admin = KubeStore::new(api.client("admin"), NS);
-    for n in ["n1", "n2", "n3"] {
-        let disk = DiskSpec { path: "file:/d".into(), allow_scheduling: true, ..Default::default() };
-        let spec = NodeSpec {
-            allow_scheduling: true,
-            tags: vec![],
-            disks: [("disk-1".to_string(), disk)].into(),
-            instance_manager_address: format!("{n}:8500"),
-        };
-        admin.create(&Node::new(n, spec)).await.unwrap();
-    }
-    admin
-        .create(&Volume::new("v1", VolumeSpec { size: 1 << 30, number_of_replicas: 3, ..Default::default() }))
-        .await
-        .unwrap();
+    three_nodes_and_a_volume(&api).await;
 
     let managers = [start_manager(&api, "m1"), start_manager(&api, "m2")];
     let both = |managers: &[Manager; 2]| managers.iter().filter(|m| m.gate.is_leader()).count();

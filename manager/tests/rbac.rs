@@ -12,8 +12,6 @@ mod support;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use axum::body::Body;
-use http::Request;
 use ironhorn_manager::controller::Controller;
 use ironhorn_manager::crd::Volume;
 use ironhorn_manager::datastore::Datastore;
@@ -24,7 +22,7 @@ use ironhorn_proto::instance::InstanceState;
 use serde_json::{Value, json};
 use support::apiserver::{FakeApiserver, Logged};
 use support::nodes::HealthyNodes;
-use tower::ServiceExt;
+use support::rest::call;
 
 const NS: &str = "ironhorn-system";
 
@@ -114,19 +112,6 @@ fn manifest() -> Vec<Value> {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/ironhorn.yaml");
     let text = std::fs::read_to_string(&path).unwrap();
     serde_saphyr::from_multiple::<Value>(&text).unwrap().into_iter().filter(|d| !d.is_null()).collect()
-}
-
-async fn call(router: &axum::Router, method: &str, uri: &str, body: Option<Value>) -> (u16, Value) {
-    let request = Request::builder()
-        .method(method)
-        .uri(uri)
-        .header("content-type", "application/json")
-        .body(body.map(|b| Body::from(b.to_string())).unwrap_or_else(Body::empty))
-        .unwrap();
-    let response = router.clone().oneshot(request).await.unwrap();
-    let status = response.status().as_u16();
-    let bytes = axum::body::to_bytes(response.into_body(), 1 << 20).await.unwrap();
-    (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
 }
 
 async fn until(what: &str, mut probe: impl AsyncFnMut() -> bool) {

@@ -35,6 +35,36 @@ const SYNC_WAIT: Duration = Duration::from_secs(10);
 struct Entries {
     objects: BTreeMap<String, Value>,
     dirty: HashSet<String>,
+    /// Name → the resourceVersion its deletion was seen at, so a write's
+    /// answer that arrives after the watch's DELETED cannot bring it back.
+    deleted: HashMap<String, u64>,
+}
+
+impl Entries {
+    /// Takes `value` for `name` unless what is held (or its deletion) is newer.
+    fn offer(&mut self, name: &str, value: Value) -> bool {
+        let gone = value["metadata"]["deletionTimestamp"].is_string()
+            && value["metadata"]["finalizers"].as_array().is_none_or(|f| f.is_empty());
+        if gone {
+            // The write that removed the last finalizer deleted it.
+            return self.remove(name, version(&value));
+        }
+        let tombstone = self.deleted.get(name).copied();
+        if tombstone.is_some_and(|t| version(&value).is_none_or(|v| v <= t)) || !newer(&value, self.objects.get(name)) {
+            return false;
+        }
+        self.deleted.remove(name);
+        self.objects.insert(name.to_string(), value);
+        true
+    }
+
+    fn remove(&mut self, name: &str, at: Option<u64>) -> bool {
+        if let Some(at) = at {
+            let t = self.deleted.entry(name.to_string()).or_insert(at);
+            *t = (*t).max(at);
+        }
+        self.objects.remove(name).is_some()
+    }
 }
 
 pub(super) struct KindCache {
@@ -112,12 +142,10 @@ impl KindCache {
         entries.dirty.remove(name);
         match object.and_then(|o| serde_json::to_value(o).ok()) {
             Some(value) => {
-                if newer(&value, entries.objects.get(name)) {
-                    entries.objects.insert(name.to_string(), value);
-                }
+                entries.offer(name, value);
             }
             None => {
-                entries.objects.remove(name);
+                entries.remove(name, None);
             }
         }
     }
@@ -149,17 +177,22 @@ impl KindCache {
             WatchEvent::Bookmark(_) => return Ok(()),
             WatchEvent::Error(e) => return Err(e.to_string()),
         };
-        {
+        let changed = {
             let mut entries = self.entries.lock().expect("cache");
             match value {
-                Some(v) if newer(&v, entries.objects.get(&name)) => {
-                    entries.objects.insert(name.clone(), v);
-                }
-                Some(_) => return Ok(()),
+                Some(v) => entries.offer(&name, v),
                 None => {
-                    entries.objects.remove(&name);
+                    let at = match &event {
+                        WatchEvent::Deleted(o) => o.metadata.resource_version.as_deref().and_then(|v| v.parse().ok()),
+                        _ => None,
+                    };
+                    entries.remove(&name, at);
+                    true
                 }
             }
+        };
+        if !changed {
+            return Ok(());
         }
         self.notify(&name);
         Ok(())
@@ -175,6 +208,7 @@ impl KindCache {
             changed.extend(fresh.iter().filter(|(n, v)| entries.objects.get(*n) != Some(v)).map(|(n, _)| n.clone()));
             entries.objects = fresh;
             entries.dirty.clear();
+            entries.deleted.clear();
             changed
         };
         for name in changed {
@@ -285,4 +319,42 @@ async fn inform(api: Api<DynamicObject>, cache: std::sync::Weak<KindCache>) {
 /// Why a write's answer leaves the cached copy unknown.
 pub(super) fn unsure(error: &Error) -> bool {
     matches!(error, Error::Conflict { .. } | Error::NotFound { .. } | Error::AlreadyExists { .. })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn object(version: u64, deleting: bool) -> Value {
+        let mut v = json!({ "metadata": { "name": "v1", "resourceVersion": version.to_string() } });
+        if deleting {
+            v["metadata"]["deletionTimestamp"] = json!("2026-12-03T00:00:00Z");
+        }
+        v
+    }
+
+    #[test]
+    fn a_late_write_answer_does_not_bring_back_a_deleted_object() {
+        let mut entries = Entries::default();
+        assert!(entries.offer("v1", object(5, false)));
+        assert!(!entries.offer("v1", object(4, false)), "older than held");
+        // The watch says deleted at 7; the answer of the write that removed
+        // the last finalizer (version 6) comes after it.
+        assert!(entries.remove("v1", Some(7)));
+        assert!(!entries.offer("v1", object(6, false)));
+        assert!(!entries.objects.contains_key("v1"));
+        // Created again later: taken.
+        assert!(entries.offer("v1", object(8, false)));
+        assert!(entries.objects.contains_key("v1"));
+    }
+
+    #[test]
+    fn an_answer_with_deletion_and_no_finalizers_means_gone() {
+        let mut entries = Entries::default();
+        entries.offer("v1", object(5, false));
+        entries.offer("v1", object(6, true));
+        assert!(!entries.objects.contains_key("v1"));
+        assert!(!entries.offer("v1", object(6, false)), "the same version again stays deleted");
+    }
 }

@@ -1,2 +1,3 @@
 pub mod apiserver;
 pub mod nodes;
+pub mod rest;
