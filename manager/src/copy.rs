@@ -41,16 +41,33 @@ async fn flush(target: &mut ReplicaClient<Channel>, address: &str, epoch: u64) -
     }
 }
 
+/// Why a copy did not finish.
+#[derive(Debug, PartialEq, Eq)]
+pub enum CopyError {
+    /// `progress` said stop (this manager no longer leads); the bytes up to
+    /// `at` are written, and a copy from there carries on.
+    Stopped {
+        at: u64,
+    },
+    Failed(String),
+}
+
+impl From<String> for CopyError {
+    fn from(e: String) -> Self {
+        CopyError::Failed(e)
+    }
+}
+
 /// Copies bytes [from, bytes) of `snapshot` as seen on `source` into every
-/// target; `progress(done)` after each chunk.
+/// target; `progress(done)` after each chunk says whether to go on.
 pub async fn copy_snapshot(
     source: &str,
     snapshot: &str,
     targets: &[String],
     bytes: u64,
     from: u64,
-    progress: impl Fn(u64),
-) -> Result<(), String> {
+    progress: impl Fn(u64) -> bool,
+) -> Result<(), CopyError> {
     let mut reader = client(source).await?;
     let mut writers = Vec::new();
     for address in targets {
@@ -70,7 +87,7 @@ pub async fn copy_snapshot(
             .into_inner()
             .data;
         if data.len() as u64 != length {
-            return Err(format!("read snapshot {snapshot} at {offset}: {} bytes, not {length}", data.len()));
+            return Err(format!("read snapshot {snapshot} at {offset}: {} bytes, not {length}", data.len()).into());
         }
         if data.iter().any(|&b| b != 0) {
             for (address, writer, epoch) in &mut writers {
@@ -86,7 +103,9 @@ pub async fn copy_snapshot(
             }
         }
         offset += length;
-        progress(offset);
+        if !progress(offset) {
+            return Err(CopyError::Stopped { at: offset });
+        }
     }
     for (address, writer, epoch) in &mut writers {
         flush(writer, address, *epoch).await?;

@@ -83,10 +83,16 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
             Step::TakeCloneSnapshot { name: snap, of } => {
                 let mut object = crate::crd::Snapshot::new(&snap, SnapshotSpec { volume: of.clone() });
                 object.metadata.finalizers = Some(vec![FINALIZER.to_string()]);
-                object.status =
-                    Some(SnapshotStatus { message: format!("taken for the clone {name}"), ..Default::default() });
                 match self.store.create(&object).await {
-                    Ok(_) | Err(datastore::Error::AlreadyExists { .. }) => {}
+                    Ok(mut created) => {
+                        // Status is written through the status call only.
+                        created.status = Some(SnapshotStatus {
+                            message: format!("taken for the clone {name}"),
+                            ..Default::default()
+                        });
+                        self.store.replace_status(&created).await.map_err(ds)?;
+                    }
+                    Err(datastore::Error::AlreadyExists { .. }) => {}
                     Err(e) => return Err(ds(e)),
                 }
                 self.set_restore(&name, |r| {
@@ -134,8 +140,12 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
             }
         };
         let recorder = tokio::spawn(recorder);
+        // A manager that loses the lease stops copying; the new leader
+        // carries on from the progress recorded in status.
+        let gate = self.gate.clone();
         let result = crate::copy::copy_snapshot(&source, &snap, &targets, bytes, from, |done| {
             let _ = tx.send(done);
+            gate.is_leader()
         })
         .await;
         drop(tx);
@@ -151,7 +161,11 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
                 })
                 .await
             }
-            Err(e) => {
+            Err(crate::copy::CopyError::Stopped { at }) => {
+                tracing::info!(volume = %name, at, "copy stopped: no longer the leader");
+                self.set_restore(&name, |r| r.bytes_done = r.bytes_done.max(*at)).await
+            }
+            Err(crate::copy::CopyError::Failed(e)) => {
                 events::record(&self.store, &name, Warning, "RestoreFailed", e).await;
                 self.set_restore(&name, |r| {
                     r.state = "error".into();
