@@ -208,23 +208,18 @@ impl<D: Datastore> Registrar<D> {
         spec.holder_identity = Some(self.node.clone());
         spec.lease_duration_seconds = Some(duration.as_secs() as i32);
         spec.renew_time = Some(now);
-        match self.store.replace(&lease).await {
-            Ok(written) => {
-                self.lease = Some(written);
-                Ok(())
-            }
-            // Someone touched it (or it was deleted): read afresh next time.
-            Err(e) => Err(e),
-        }
+        // On an error the lease is not kept: the next beat reads it afresh.
+        self.lease = Some(self.store.replace(&lease).await?);
+        Ok(())
     }
 
-    /// Registers, then renews every `interval` until `stop`; re-registers
-    /// every tenth beat (an annotation or label may have changed), through
-    /// `read` which reads the Registration afresh.
+    /// Registers, then renews every `interval` (leases of `lease_duration`)
+    /// until `stop`; re-registers every tenth beat (an annotation or label
+    /// may have changed), through `read` which reads the Registration afresh.
     pub async fn run<F, Fut>(
         mut self,
         interval: Duration,
-        timeout: Duration,
+        lease_duration: Duration,
         mut read: F,
         stop: impl std::future::Future<Output = ()>,
     ) where
@@ -244,7 +239,7 @@ impl<D: Datastore> Registrar<D> {
                     Err(e) => tracing::warn!(node = %self.node, error = %e, "cannot read this node's registration"),
                 }
             }
-            if registered && let Err(e) = self.beat(timeout).await {
+            if registered && let Err(e) = self.beat(lease_duration).await {
                 tracing::warn!(node = %self.node, error = %e, "heartbeat failed");
             }
             beats += 1;

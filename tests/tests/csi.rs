@@ -490,13 +490,15 @@ fn each_rpc_answers_twice_the_same_and_bad_requests_get_the_specs_codes() {
         ..Default::default()
     };
     assert_eq!(code_of(d.call(node.node_get_volume_stats(stats_missing))), Code::NotFound);
-    let stats = d
-        .call(node.node_get_volume_stats(csi::NodeGetVolumeStatsRequest {
+    let mut stats_of_target = || {
+        d.call(node.node_get_volume_stats(csi::NodeGetVolumeStatsRequest {
             volume_id: name.into(),
             volume_path: target.to_str().unwrap().into(),
             ..Default::default()
         }))
-        .unwrap();
+        .unwrap()
+    };
+    let stats = stats_of_target();
     assert_eq!(stats.usage.len(), 2, "bytes and inodes for a filesystem");
     assert!(stats.usage[0].total > 0 && stats.usage[1].total > 0);
     assert!(!stats.volume_condition.unwrap().abnormal);
@@ -506,13 +508,7 @@ fn each_rpc_answers_twice_the_same_and_bad_requests_get_the_specs_codes() {
     cluster.wait(Duration::from_secs(30), "the volume is degraded", || {
         cluster.volume(name)["status"]["robustness"] == "degraded"
     });
-    let stats = d
-        .call(node.node_get_volume_stats(csi::NodeGetVolumeStatsRequest {
-            volume_id: name.into(),
-            volume_path: target.to_str().unwrap().into(),
-            ..Default::default()
-        }))
-        .unwrap();
+    let stats = stats_of_target();
     let condition = stats.volume_condition.unwrap();
     assert!(condition.abnormal && condition.message.contains("degraded"), "{condition:?}");
     cluster.cli(&["volume", "update", name, "--replicas", "2"]).unwrap();
