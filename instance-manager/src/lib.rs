@@ -40,6 +40,8 @@ pub struct Config {
     pub bin_dir: PathBuf,
     /// Time between SIGTERM and SIGKILL when an instance is deleted.
     pub stop_grace: Duration,
+    /// Start replicas with their fault-injection API on (chaos tests).
+    pub replica_fault_injection: bool,
 }
 
 /// Parses `START-END` (inclusive).

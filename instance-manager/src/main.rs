@@ -51,6 +51,10 @@ enum Command {
         /// Seconds between heartbeats.
         #[arg(long, default_value_t = 10)]
         heartbeat_interval: u64,
+        /// Start replicas with their fault-injection API on (for chaos
+        /// tests; never in production).
+        #[arg(long)]
+        replica_fault_injection: bool,
     },
 }
 
@@ -87,6 +91,7 @@ fn main() {
         namespace,
         disks,
         heartbeat_interval,
+        replica_fault_injection,
     } = Cli::parse().command;
     let bin_dir = bin_dir.unwrap_or_else(|| {
         std::env::current_exe().ok().and_then(|p| p.parent().map(|d| d.to_path_buf())).unwrap_or_default()
@@ -98,6 +103,7 @@ fn main() {
         ports: port_range,
         bin_dir,
         stop_grace: Duration::from_secs(stop_grace_secs),
+        replica_fault_injection,
     };
     let runtime = ironhorn_proto::runtime::build().expect("tokio runtime");
     if kubernetes {

@@ -336,6 +336,10 @@ impl InstanceManagerService {
                     "--listen".into(),
                     address.clone(),
                 ];
+                let mut args = args;
+                if self.config.replica_fault_injection {
+                    args.push("--fault-injection".into());
+                }
                 (self.config.bin_dir.join("ironhorn-replica"), args, address, String::new(), String::new())
             }
             Spec::Engine {

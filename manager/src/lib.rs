@@ -20,6 +20,7 @@ pub mod replenish;
 pub mod restore;
 pub mod scheduler;
 pub mod settings;
+pub mod simnet;
 pub mod snapshots;
 pub mod standalone;
 

@@ -44,6 +44,13 @@ enum Command {
         /// Use a directory of file stores per node even where LVM works.
         #[arg(long)]
         file_disks: bool,
+        /// Put each node (its instance manager, engines and replicas) in its
+        /// own network namespace on a bridge, for network faults (root).
+        #[arg(long)]
+        netns: bool,
+        /// Start replicas with their fault-injection API on (chaos tests).
+        #[arg(long)]
+        fault_injection: bool,
     },
     /// Remove what `up` made under a data dir (LVs, VGs, loop devices, files).
     Purge {
@@ -309,10 +316,20 @@ async fn drive(cli: Cli) -> Result<(), String> {
     let json_out = cli.output == Output::Json;
     let print_json = |v: &Value| ironhorn_proto::say!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
     match cli.command {
-        Command::Up { data_dir, nodes, port_base, disk_size, file_disks } => {
+        Command::Up { data_dir, nodes, port_base, disk_size, file_disks, netns, fault_injection } => {
             let bin_dir =
                 std::env::current_exe().ok().and_then(|p| p.parent().map(|d| d.to_path_buf())).unwrap_or_default();
-            standalone::up(standalone::UpConfig { data_dir, nodes, port_base, disk_size, file_disks, bin_dir }).await
+            standalone::up(standalone::UpConfig {
+                data_dir,
+                nodes,
+                port_base,
+                disk_size,
+                file_disks,
+                netns,
+                fault_injection,
+                bin_dir,
+            })
+            .await
         }
         Command::Purge { data_dir } => standalone::purge(&data_dir),
         Command::Manager { data_dir, kubernetes, namespace, listen, identity, lease_duration } => {

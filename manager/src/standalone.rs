@@ -32,6 +32,18 @@ use crate::cluster::{Cluster, GrpcCluster};
 use crate::crd::{DiskSpec, Node, NodeSpec};
 use crate::datastore::Datastore;
 use crate::datastore::embedded::EmbeddedStore;
+use crate::simnet::{self, SimNet, SimNode};
+
+/// Under the data dir when `up --netns` made a network: its port base and
+/// node count, from which `simnet::plan` names every piece (for `purge`).
+const SIMNET_FILE: &str = "simnet";
+
+fn simnet_of(data_dir: &Path) -> Option<SimNet> {
+    let text = std::fs::read_to_string(data_dir.join(SIMNET_FILE)).ok()?;
+    let mut words = text.split_whitespace().map(str::parse::<usize>);
+    let (Some(Ok(port_base)), Some(Ok(nodes))) = (words.next(), words.next()) else { return None };
+    Some(simnet::plan(&dir_tag(data_dir), u16::try_from(port_base).ok()?, nodes))
+}
 
 pub struct UpConfig {
     pub data_dir: PathBuf,
@@ -40,6 +52,10 @@ pub struct UpConfig {
     pub disk_size: u64,
     /// Force file disks even where LVM would work.
     pub file_disks: bool,
+    /// Each node in its own network namespace (see `simnet`).
+    pub netns: bool,
+    /// Replicas serve their fault-injection API (chaos tests).
+    pub fault_injection: bool,
     pub bin_dir: PathBuf,
 }
 
@@ -123,7 +139,12 @@ async fn wait_listening(address: &str, timeout: Duration) -> bool {
     false
 }
 
-async fn start_node(config: &UpConfig, index: usize, use_lvm: bool) -> Result<(NodeProcess, String), String> {
+async fn start_node(
+    config: &UpConfig,
+    index: usize,
+    use_lvm: bool,
+    net: Option<&SimNode>,
+) -> Result<(NodeProcess, String), String> {
     let name = format!("n-{index}");
     let dir = config.data_dir.join("nodes").join(&name);
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
@@ -140,7 +161,8 @@ async fn start_node(config: &UpConfig, index: usize, use_lvm: bool) -> Result<(N
     if first + 99 > u16::MAX as usize {
         return Err(format!("--port-base {} leaves no ports for node {index}", config.port_base));
     }
-    let im_address = format!("127.0.0.1:{im_port}");
+    let ip = net.map_or(std::net::Ipv4Addr::LOCALHOST, |n| n.ip);
+    let im_address = format!("{ip}:{im_port}");
     if wait_listening(&im_address, Duration::from_millis(200)).await {
         ironhorn_proto::say!("node {name}: instance manager already running at {im_address} (adopted)");
     } else {
@@ -149,22 +171,33 @@ async fn start_node(config: &UpConfig, index: usize, use_lvm: bool) -> Result<(N
             .append(true)
             .open(dir.join("instance-manager.log"))
             .map_err(|e| e.to_string())?;
-        let child = std::process::Command::new(config.bin_dir.join("ironhorn-instance-manager"))
+        let mut command = std::process::Command::new(config.bin_dir.join("ironhorn-instance-manager"));
+        command
             .args([
                 "serve",
                 "--data-dir",
                 dir.join("im").to_str().ok_or("bad path")?,
                 "--listen",
                 &im_address,
+                "--address",
+                &ip.to_string(),
                 "--port-range",
                 &format!("{first}-{}", first + 99),
             ])
+            .args(config.fault_injection.then_some("--replica-fault-injection"))
             .stdin(std::process::Stdio::null())
             .stdout(log.try_clone().map_err(|e| e.to_string())?)
             .stderr(log)
-            .process_group(0)
-            .spawn()
-            .map_err(|e| format!("start ironhorn-instance-manager: {e}"))?;
+            .process_group(0);
+        // The node's namespace: the instance manager and every engine and
+        // replica it starts live there.
+        let netns = net.map(|n| simnet::open(&n.netns)).transpose().map_err(|e| e.to_string())?;
+        if let Some(handle) = netns {
+            // SAFETY: the closure only calls setns (async-signal-safe) on a
+            // descriptor the parent keeps open until spawn returns.
+            unsafe { command.pre_exec(move || simnet::enter(&handle)) };
+        }
+        let child = command.spawn().map_err(|e| format!("start ironhorn-instance-manager: {e}"))?;
         std::fs::write(dir.join("im.pid"), child.id().to_string()).map_err(|e| e.to_string())?;
         if !wait_listening(&im_address, Duration::from_secs(15)).await {
             return Err(format!(
@@ -274,9 +307,20 @@ pub async fn up(config: UpConfig) -> Result<(), String> {
     let listener = crate::bind_api(listen).await?;
     let use_lvm = !config.file_disks && lvm_available();
     let store = EmbeddedStore::open(&config.data_dir.join("store")).map_err(|e| e.to_string())?;
+    let net = if config.netns {
+        let net = simnet::plan(&dir_tag(&config.data_dir), config.port_base, config.nodes);
+        std::fs::write(config.data_dir.join(SIMNET_FILE), format!("{} {}\n", config.port_base, config.nodes))
+            .map_err(|e| e.to_string())?;
+        simnet::create(&net).map_err(|e| format!("the nodes' network: {e}"))?;
+        ironhorn_proto::say!("network: bridge {} at {}, a namespace per node", net.bridge, net.gateway);
+        Some(net)
+    } else {
+        None
+    };
     let mut nodes = Vec::new();
     for index in 1..=config.nodes {
-        match start_node(&config, index, use_lvm).await {
+        let node_net = net.as_ref().map(|n| &n.nodes[index - 1]);
+        match start_node(&config, index, use_lvm, node_net).await {
             Ok((node, disk_path)) => {
                 // A file disk shares its filesystem: it counts against
                 // --disk-size, as an LVM disk's VG is that size.
@@ -287,6 +331,7 @@ pub async fn up(config: UpConfig) -> Result<(), String> {
             }
             Err(e) => {
                 stop_nodes(&nodes).await;
+                remove_net(net.as_ref());
                 return Err(e);
             }
         }
@@ -303,7 +348,16 @@ pub async fn up(config: UpConfig) -> Result<(), String> {
     let result = crate::serve_on(store, GrpcCluster::default(), listener, None).await;
     ironhorn_proto::say!("stopping: engines, replicas, instance managers");
     stop_nodes(&nodes).await;
+    remove_net(net.as_ref());
     result
+}
+
+fn remove_net(net: Option<&SimNet>) {
+    if let Some(net) = net
+        && let Err(e) = simnet::remove(net)
+    {
+        ironhorn_proto::say_err!("remove the nodes' network: {e}");
+    }
 }
 
 /// Removes what `up` made under a data dir: LVs, VGs, PVs, loop devices and
@@ -340,6 +394,9 @@ pub fn purge(data_dir: &Path) -> Result<(), String> {
             let _ = lvm("pvremove", &["-y", &device]);
             run("losetup", &["-d", &device])?;
         }
+    }
+    if let Some(net) = simnet_of(&data_dir) {
+        simnet::remove(&net).map_err(|e| e.to_string())?;
     }
     std::fs::remove_dir_all(&data_dir).map_err(|e| format!("{}: {e}", data_dir.display()))
 }

@@ -3,6 +3,8 @@
 //! volume groups with unique names and remove exactly those, and talk to
 //! replicas over their gRPC data stream.
 
+pub mod chaos;
+
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -41,8 +43,10 @@ pub fn require_root() {
 /// Directory holding the workspace's built binaries (target/<profile>).
 pub fn bin_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("current exe");
-    // target/<profile>/deps/<test binary>
-    exe.parent().and_then(Path::parent).expect("target dir").to_path_buf()
+    // target/<profile>/deps/<test binary>, or target/<profile>/<binary>
+    // (ironhorn-chaos).
+    let dir = exe.parent().expect("the executable's directory");
+    if dir.ends_with("deps") { dir.parent().expect("target dir").to_path_buf() } else { dir.to_path_buf() }
 }
 
 pub fn binary(name: &str) -> PathBuf {

@@ -1,0 +1,433 @@
+//! The matrix: each scenario is a fault done to a running volume under the
+//! checker's workload. The runner starts the workload, waits until writes
+//! are observably in flight, calls the scenario's `fault` (which injects the
+//! fault, holds it, and lifts it), then waits for `robustness: healthy`
+//! with no human help, writes more, and reads every block back.
+//!
+//! Targets (which replica, which moment) come from the scenario's seeded
+//! generator, so one seed replays one fault schedule.
+
+use std::time::Duration;
+
+use ironhorn_proto::replica::{FaultAction, FaultOp};
+
+use super::ctx::{Ctx, ENGINE_NODE, Replica};
+use super::faults;
+
+pub type Fault = fn(&mut Ctx) -> Result<(), String>;
+
+pub struct Scenario {
+    pub name: &'static str,
+    /// What passing it shows.
+    pub proves: &'static str,
+    /// Every replica (or the whole cluster) dies at once: acknowledged but
+    /// unflushed writes may roll back.
+    pub crash_all: bool,
+    pub fault: Fault,
+}
+
+pub const SCENARIOS: &[Scenario] = &[
+    Scenario {
+        name: "kill-replica",
+        proves: "a replica's process killed under load: I/O goes on, the replica is reused and rebuilt",
+        crash_all: false,
+        fault: kill_one_replica,
+    },
+    Scenario {
+        name: "kill-two-replicas",
+        proves: "two of three replicas killed at once: the last one serves alone, both come back",
+        crash_all: false,
+        fault: kill_two_replicas,
+    },
+    Scenario {
+        name: "kill-each-replica",
+        proves: "every replica killed one after another: the volume faults, is salvaged, and keeps every flushed write",
+        crash_all: true,
+        fault: kill_each_replica,
+    },
+    Scenario {
+        name: "kill-engine",
+        proves: "the engine killed: the manager starts a new one at a higher epoch and the client reconnects",
+        crash_all: false,
+        fault: kill_engine,
+    },
+    Scenario {
+        name: "kill-instance-manager",
+        proves: "the engine node's instance manager killed: the serving engine is neither replaced nor re-epoched",
+        crash_all: false,
+        fault: kill_instance_manager,
+    },
+    Scenario {
+        name: "kill-manager",
+        proves: "the manager killed and restarted: the data path never notices, the new manager adopts everything",
+        crash_all: false,
+        fault: kill_manager,
+    },
+    Scenario {
+        name: "kill-node",
+        proves: "a replica node dies whole (every process, link down) and comes back: its replica is rebuilt",
+        crash_all: false,
+        fault: kill_node,
+    },
+    Scenario {
+        name: "partition-replica",
+        proves: "engine and one replica cut apart, then healed: the replica is reused with a delta rebuild",
+        crash_all: false,
+        fault: partition_replica,
+    },
+    Scenario {
+        name: "manager-cut",
+        proves: "the engine's node cut from the manager: the volume keeps serving writes all along",
+        crash_all: false,
+        fault: manager_cut,
+    },
+    Scenario {
+        name: "one-way-partition",
+        proves: "a replica's node can hear the engine but not answer: the replica is failed, then rebuilt",
+        crash_all: false,
+        fault: one_way_partition,
+    },
+    Scenario {
+        name: "slow-link",
+        proves: "one replica's link narrowed to a queue of hundreds of ms: writes go on, nothing is lost",
+        crash_all: false,
+        fault: slow_link,
+    },
+    Scenario {
+        name: "packet-loss",
+        proves: "10 % of packets dropped on one replica's node: TCP rides it or the replica is rebuilt",
+        crash_all: false,
+        fault: packet_loss,
+    },
+    Scenario {
+        name: "link-flap",
+        proves: "a replica's link flapping every few seconds: retries back off, the volume ends healthy",
+        crash_all: false,
+        fault: link_flap,
+    },
+    Scenario {
+        name: "replica-disk-eio",
+        proves: "one replica's disk fails writes with EIO: that replica alone is failed and rebuilt",
+        crash_all: false,
+        fault: replica_disk_eio,
+    },
+    Scenario {
+        name: "replica-disk-full",
+        proves: "one replica's disk answers ENOSPC: that replica alone is failed, nothing acknowledged is lost",
+        crash_all: false,
+        fault: replica_disk_full,
+    },
+    Scenario {
+        name: "replica-disk-slow",
+        proves: "one replica's disk answers after 50-250 ms (jittered): writes go on, nothing is lost",
+        crash_all: false,
+        fault: replica_disk_slow,
+    },
+    Scenario {
+        name: "replica-torn-write",
+        proves: "a replica's write lands half and fails: the replica is failed and rebuilt, the half never shows",
+        crash_all: false,
+        fault: replica_torn_write,
+    },
+    Scenario {
+        name: "kill-rebuilding-replica",
+        proves: "a replica killed during its own rebuild: it is rebuilt again",
+        crash_all: false,
+        fault: kill_rebuilding_replica,
+    },
+    Scenario {
+        name: "kill-rebuild-source",
+        proves: "the rebuild's source killed mid-rebuild: the rebuild finishes from another or restarts",
+        crash_all: false,
+        fault: kill_rebuild_source,
+    },
+    Scenario {
+        name: "manager-restart-during-rebuild",
+        proves: "the manager killed and restarted while a replica rebuilds: the rebuild finishes",
+        crash_all: false,
+        fault: manager_restart_during_rebuild,
+    },
+    Scenario {
+        name: "power-loss",
+        proves: "every process of the cluster killed at once, then `up` again: every flushed write is there",
+        crash_all: true,
+        fault: power_loss,
+    },
+];
+
+pub fn find(name: &str) -> Option<&'static Scenario> {
+    SCENARIOS.iter().find(|s| s.name == name)
+}
+
+fn kill_replica(ctx: &Ctx, r: &Replica) -> Result<(), String> {
+    faults::kill9(ctx.pid(&r.node, &r.name)?)
+}
+
+fn first_remote(ctx: &mut Ctx) -> Result<Replica, String> {
+    ctx.remote_replicas().into_iter().next().ok_or_else(|| "no replica off the engine's node".to_string())
+}
+
+fn kill_one_replica(ctx: &mut Ctx) -> Result<(), String> {
+    let r = first_remote(ctx)?;
+    kill_replica(ctx, &r)?;
+    ctx.wait_degraded()?;
+    ctx.in_flight(100).map(drop)
+}
+
+fn kill_two_replicas(ctx: &mut Ctx) -> Result<(), String> {
+    let remote = ctx.remote_replicas();
+    for r in remote.iter().take(2) {
+        kill_replica(ctx, r)?;
+    }
+    ctx.wait_degraded()?;
+    ctx.in_flight(100).map(drop)
+}
+
+fn kill_each_replica(ctx: &mut Ctx) -> Result<(), String> {
+    let mut all = ctx.replicas();
+    all.sort_by(|a, b| a.name.cmp(&b.name));
+    ctx.shuffle(&mut all);
+    for r in &all {
+        kill_replica(ctx, r)?;
+        let gap = ctx.rng.between(200, 1500);
+        std::thread::sleep(Duration::from_millis(gap));
+    }
+    Ok(())
+}
+
+fn kill_engine(ctx: &mut Ctx) -> Result<(), String> {
+    let (name, pid) = ctx.engine()?;
+    let before = ctx.engine_epoch(&name)?;
+    faults::kill9(pid)?;
+    ctx.until(Duration::from_secs(60), "a new engine serving at a higher epoch", |c| {
+        c.engine().is_ok_and(|(n, p)| p != pid && c.engine_epoch(&n).is_ok_and(|e| e > before))
+    })?;
+    ctx.in_flight(100).map(drop)
+}
+
+fn kill_instance_manager(ctx: &mut Ctx) -> Result<(), String> {
+    let (name, pid) = ctx.engine()?;
+    let epoch = ctx.engine_epoch(&name)?;
+    let im = ctx.im_pid(ENGINE_NODE)?;
+    faults::kill9(im)?;
+    // Writes go on while the instance manager is away and after `up`
+    // brought it back.
+    ctx.in_flight(200)?;
+    ctx.until(Duration::from_secs(30), "the instance manager back", |c| c.im_pid(ENGINE_NODE).is_ok_and(|p| p != im))?;
+    ctx.hold();
+    ctx.in_flight(100)?;
+    let (now, now_pid) = ctx.engine()?;
+    if now != name || now_pid != pid {
+        return Err(format!("the serving engine {name} (pid {pid}) was replaced by {now} (pid {now_pid})"));
+    }
+    let now_epoch = ctx.engine_epoch(&now)?;
+    if now_epoch != epoch {
+        return Err(format!("engine {name} went from epoch {epoch} to {now_epoch} without being restarted"));
+    }
+    Ok(())
+}
+
+fn kill_manager(ctx: &mut Ctx) -> Result<(), String> {
+    ctx.cluster.kill9_up();
+    ctx.in_flight(200)?;
+    ctx.hold();
+    ctx.cluster.start_up();
+    ctx.in_flight(100).map(drop)
+}
+
+fn replica_node(ctx: &mut Ctx) -> Result<(Replica, String), String> {
+    let r = first_remote(ctx)?;
+    let ns = ctx.netns(&r.node)?;
+    Ok((r, ns))
+}
+
+fn kill_node(ctx: &mut Ctx) -> Result<(), String> {
+    let (r, ns) = replica_node(ctx)?;
+    let im = ctx.im_pid(&r.node)?;
+    let pids: Vec<u32> = ctx.instances(&r.node)?.iter().filter(|i| i.pid > 0).map(|i| i.pid).collect();
+    faults::link(&ns, false)?;
+    faults::kill9(im)?;
+    for pid in pids {
+        faults::kill9(pid)?;
+    }
+    ctx.wait_degraded()?;
+    ctx.in_flight(100)?;
+    ctx.hold();
+    faults::heal(&ns)?;
+    ctx.in_flight(100).map(drop)
+}
+
+fn partition_replica(ctx: &mut Ctx) -> Result<(), String> {
+    let (_, ns) = replica_node(ctx)?;
+    let engine_ip = ctx.node_ip(ENGINE_NODE)?;
+    faults::partition(&ns, &engine_ip)?;
+    ctx.wait_degraded()?;
+    ctx.in_flight(100)?;
+    ctx.hold();
+    faults::heal(&ns)
+}
+
+fn manager_cut(ctx: &mut Ctx) -> Result<(), String> {
+    let ns = ctx.netns(ENGINE_NODE)?;
+    let manager = ctx.manager_ip()?;
+    let (name, pid) = ctx.engine()?;
+    faults::partition(&ns, &manager)?;
+    // The volume keeps serving while the manager cannot reach its node.
+    let hold = ctx.duration;
+    let served = ctx.workload.wait_acked(1, Duration::from_secs(30));
+    std::thread::sleep(hold);
+    let more = ctx.in_flight(100);
+    faults::heal(&ns)?;
+    served.and(more).map_err(|e| format!("writes stopped while the manager was cut off: {e}"))?;
+    let (now, now_pid) = ctx.engine()?;
+    if now != name || now_pid != pid {
+        return Err(format!("engine {name} (pid {pid}) was replaced by {now} (pid {now_pid}) after the cut"));
+    }
+    Ok(())
+}
+
+fn one_way_partition(ctx: &mut Ctx) -> Result<(), String> {
+    let (_, ns) = replica_node(ctx)?;
+    let engine_ip = ctx.node_ip(ENGINE_NODE)?;
+    faults::partition_one_way(&ns, &engine_ip)?;
+    ctx.wait_degraded()?;
+    ctx.in_flight(100)?;
+    ctx.hold();
+    faults::heal(&ns)
+}
+
+fn slow_link(ctx: &mut Ctx) -> Result<(), String> {
+    let (_, ns) = replica_node(ctx)?;
+    let latency = ctx.rng.between(150, 250) as u32;
+    faults::slow_link(&ns, 20_000, latency)?;
+    ctx.in_flight(100)?;
+    ctx.hold();
+    faults::heal(&ns)
+}
+
+fn packet_loss(ctx: &mut Ctx) -> Result<(), String> {
+    let (_, ns) = replica_node(ctx)?;
+    faults::packet_loss(&ns, 10)?;
+    ctx.in_flight(100)?;
+    ctx.hold();
+    faults::heal(&ns)
+}
+
+fn link_flap(ctx: &mut Ctx) -> Result<(), String> {
+    let (_, ns) = replica_node(ctx)?;
+    let end = std::time::Instant::now() + ctx.duration * 2;
+    while std::time::Instant::now() < end {
+        faults::link(&ns, false)?;
+        std::thread::sleep(Duration::from_millis(ctx.rng.between(500, 1500)));
+        faults::link(&ns, true)?;
+        std::thread::sleep(Duration::from_millis(ctx.rng.between(1500, 3000)));
+    }
+    faults::heal(&ns)
+}
+
+fn disk_fault(ctx: &mut Ctx, action: FaultAction, times: u64, delay_ms: u64) -> Result<Replica, String> {
+    let r = first_remote(ctx)?;
+    let before = ctx.faults_fired(&r.address)?;
+    ctx.arm_fault(&r.address, &[FaultOp::Write], action, times, delay_ms)?;
+    ctx.until(Duration::from_secs(60), "the armed disk fault fired under the workload", |c| {
+        c.faults_fired(&r.address).is_ok_and(|n| n > before)
+    })?;
+    ctx.wait_degraded()?;
+    Ok(r)
+}
+
+fn replica_disk_eio(ctx: &mut Ctx) -> Result<(), String> {
+    disk_fault(ctx, FaultAction::Eio, 1, 0)?;
+    ctx.in_flight(100).map(drop)
+}
+
+fn replica_disk_full(ctx: &mut Ctx) -> Result<(), String> {
+    disk_fault(ctx, FaultAction::NoSpace, 1, 0)?;
+    ctx.in_flight(100).map(drop)
+}
+
+fn replica_torn_write(ctx: &mut Ctx) -> Result<(), String> {
+    disk_fault(ctx, FaultAction::Torn, 1, 0)?;
+    ctx.in_flight(100).map(drop)
+}
+
+fn replica_disk_slow(ctx: &mut Ctx) -> Result<(), String> {
+    let r = first_remote(ctx)?;
+    // Jitter: a run of faults of seeded delays, each for some writes.
+    let end = std::time::Instant::now() + ctx.duration;
+    while std::time::Instant::now() < end {
+        let delay = ctx.rng.between(50, 250);
+        let before = ctx.faults_fired(&r.address)?;
+        ctx.arm_fault(&r.address, &[FaultOp::Write, FaultOp::Sync], FaultAction::Delay, 5, delay)?;
+        ctx.until(Duration::from_secs(30), "the delay fired", |c| {
+            c.faults_fired(&r.address).is_ok_and(|n| n >= before + 5)
+        })?;
+    }
+    ctx.clear_faults(&r.address)?;
+    ctx.in_flight(100).map(drop)
+}
+
+/// Waits until some replica of the volume is rebuilding (WO); its name.
+fn rebuilding(ctx: &Ctx) -> Result<String, String> {
+    let mut found = None;
+    ctx.until(Duration::from_secs(120), "a replica rebuilding (WO)", |c| {
+        found = c.replica_modes().into_iter().find(|(_, m)| m == "WO").map(|(n, _)| n);
+        found.is_some()
+    })?;
+    Ok(found.expect("found"))
+}
+
+fn start_rebuild(ctx: &mut Ctx) -> Result<String, String> {
+    let r = first_remote(ctx)?;
+    kill_replica(ctx, &r)?;
+    rebuilding(ctx)
+}
+
+fn kill_rebuilding_replica(ctx: &mut Ctx) -> Result<(), String> {
+    let target = start_rebuild(ctx)?;
+    let r = ctx.replicas().into_iter().find(|r| r.name == target).ok_or("the rebuilding replica vanished")?;
+    kill_replica(ctx, &r)?;
+    ctx.in_flight(100).map(drop)
+}
+
+fn kill_rebuild_source(ctx: &mut Ctx) -> Result<(), String> {
+    let target = start_rebuild(ctx)?;
+    let modes = ctx.replica_modes();
+    let sources: Vec<Replica> = ctx
+        .replicas()
+        .into_iter()
+        .filter(|r| r.name != target && modes.iter().any(|(n, m)| *n == r.name && m == "RW"))
+        .collect();
+    // The engine's own node's replica is kept: one RW is left to serve.
+    let source =
+        sources.iter().find(|r| r.node != ENGINE_NODE).or(sources.first()).ok_or("no RW replica to kill")?.clone();
+    if sources.len() < 2 {
+        return Err(format!("only {} RW replica(s) during the rebuild", sources.len()));
+    }
+    kill_replica(ctx, &source)?;
+    ctx.in_flight(100).map(drop)
+}
+
+fn manager_restart_during_rebuild(ctx: &mut Ctx) -> Result<(), String> {
+    start_rebuild(ctx)?;
+    ctx.cluster.kill9_up();
+    ctx.in_flight(50)?;
+    ctx.cluster.start_up();
+    ctx.in_flight(100).map(drop)
+}
+
+fn power_loss(ctx: &mut Ctx) -> Result<(), String> {
+    let mut pids = Vec::new();
+    for node in ctx.nodes() {
+        pids.extend(ctx.instances(&node)?.iter().filter(|i| i.pid > 0).map(|i| i.pid));
+        pids.push(ctx.im_pid(&node)?);
+    }
+    // Everything at once: `up` first so nothing restarts what dies.
+    ctx.cluster.kill9_up();
+    for pid in pids {
+        faults::kill9(pid)?;
+    }
+    ctx.crash_all = true;
+    ctx.cluster.start_up();
+    ctx.in_flight(100).map(drop)
+}
