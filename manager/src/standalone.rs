@@ -64,6 +64,100 @@ struct NodeProcess {
     dir: PathBuf,
     im_address: String,
     loop_device: Option<String>,
+    im: ImCommand,
+}
+
+/// How one node's instance manager is started (and started again).
+#[derive(Clone, Debug)]
+struct ImCommand {
+    node: String,
+    dir: PathBuf,
+    address: String,
+    ip: std::net::Ipv4Addr,
+    ports: (usize, usize),
+    fault_injection: bool,
+    binary: PathBuf,
+    /// The node's network namespace (`up --netns`).
+    netns: Option<String>,
+}
+
+impl ImCommand {
+    /// Starts the instance manager, records its pid, and waits until it listens.
+    async fn start(&self) -> Result<(), String> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("instance-manager.log"))
+            .map_err(|e| e.to_string())?;
+        let mut command = std::process::Command::new(&self.binary);
+        command
+            .args([
+                "serve",
+                "--data-dir",
+                self.dir.join("im").to_str().ok_or("bad path")?,
+                "--listen",
+                &self.address,
+                "--address",
+                &self.ip.to_string(),
+                "--port-range",
+                &format!("{}-{}", self.ports.0, self.ports.1),
+            ])
+            .args(self.fault_injection.then_some("--replica-fault-injection"))
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone().map_err(|e| e.to_string())?)
+            .stderr(log)
+            .process_group(0);
+        // The node's namespace: the instance manager and every engine and
+        // replica it starts live there.
+        let netns = self.netns.as_deref().map(simnet::open).transpose().map_err(|e| e.to_string())?;
+        if let Some(handle) = netns {
+            // SAFETY: the closure only calls setns (async-signal-safe) on a
+            // descriptor the parent keeps open until spawn returns.
+            unsafe { command.pre_exec(move || simnet::enter(&handle)) };
+        }
+        let child = command.spawn().map_err(|e| format!("start ironhorn-instance-manager: {e}"))?;
+        std::fs::write(self.dir.join("im.pid"), child.id().to_string()).map_err(|e| e.to_string())?;
+        if !wait_listening_from(&self.address, self.netns.as_deref(), Duration::from_secs(15)).await {
+            return Err(format!(
+                "node {}: instance manager did not listen on {}; see {}",
+                self.node,
+                self.address,
+                self.dir.join("instance-manager.log").display()
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether the instance manager `up` recorded for this node is gone
+    /// (reaped here when it was our child).
+    fn gone(&self) -> bool {
+        let Some(pid) =
+            std::fs::read_to_string(self.dir.join("im.pid")).ok().and_then(|p| p.trim().parse::<i32>().ok())
+        else {
+            return true;
+        };
+        // SAFETY: waitpid with WNOHANG on one pid; no memory effects.
+        let reaped = unsafe { libc::waitpid(pid, std::ptr::null_mut(), libc::WNOHANG) };
+        reaped == pid || (reaped < 0 && !Path::new(&format!("/proc/{pid}")).exists())
+    }
+}
+
+/// Restarts any node's instance manager that died, as a node agent's
+/// supervisor (a DaemonSet, systemd) would; the new one adopts the engines
+/// and replicas still running on its node.
+async fn supervise(nodes: Vec<ImCommand>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        for im in &nodes {
+            if im.gone() {
+                ironhorn_proto::say_err!("node {}: instance manager gone; starting it again", im.node);
+                if let Err(e) = im.start().await {
+                    ironhorn_proto::say_err!("node {}: {e}", im.node);
+                }
+            }
+        }
+    }
 }
 
 fn run(cmd: &str, args: &[&str]) -> Result<String, String> {
@@ -128,6 +222,29 @@ fn lvm_disk(data_dir: &Path, node: &str, dir: &Path, size: u64) -> Result<(Strin
     Ok((format!("lvm:{vg}"), device))
 }
 
+/// `wait_listening` from inside network namespace `netns` (when given):
+/// a node whose link is down still has its instance manager listening.
+async fn wait_listening_from(address: &str, netns: Option<&str>, timeout: Duration) -> bool {
+    let Some(netns) = netns else { return wait_listening(address, timeout).await };
+    let (Ok(handle), Ok(address)) = (simnet::open(netns), address.parse::<SocketAddr>()) else { return false };
+    // A thread of its own: entering a namespace is per thread, and this one
+    // ends with the wait.
+    let waiter = std::thread::spawn(move || {
+        if simnet::enter(&handle).is_err() {
+            return false;
+        }
+        let deadline = std::time::Instant::now() + timeout;
+        while std::time::Instant::now() < deadline {
+            if std::net::TcpStream::connect_timeout(&address, Duration::from_millis(200)).is_ok() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        false
+    });
+    tokio::task::spawn_blocking(move || waiter.join().unwrap_or(false)).await.unwrap_or(false)
+}
+
 async fn wait_listening(address: &str, timeout: Duration) -> bool {
     let deadline = tokio::time::Instant::now() + timeout;
     while tokio::time::Instant::now() < deadline {
@@ -162,51 +279,23 @@ async fn start_node(
         return Err(format!("--port-base {} leaves no ports for node {index}", config.port_base));
     }
     let ip = net.map_or(std::net::Ipv4Addr::LOCALHOST, |n| n.ip);
-    let im_address = format!("{ip}:{im_port}");
-    if wait_listening(&im_address, Duration::from_millis(200)).await {
-        ironhorn_proto::say!("node {name}: instance manager already running at {im_address} (adopted)");
+    let im = ImCommand {
+        node: name.clone(),
+        dir: dir.clone(),
+        address: format!("{ip}:{im_port}"),
+        ip,
+        ports: (first, first + 99),
+        fault_injection: config.fault_injection,
+        binary: config.bin_dir.join("ironhorn-instance-manager"),
+        netns: net.map(|n| n.netns.clone()),
+    };
+    if wait_listening(&im.address, Duration::from_millis(200)).await {
+        ironhorn_proto::say!("node {name}: instance manager already running at {} (adopted)", im.address);
     } else {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(dir.join("instance-manager.log"))
-            .map_err(|e| e.to_string())?;
-        let mut command = std::process::Command::new(config.bin_dir.join("ironhorn-instance-manager"));
-        command
-            .args([
-                "serve",
-                "--data-dir",
-                dir.join("im").to_str().ok_or("bad path")?,
-                "--listen",
-                &im_address,
-                "--address",
-                &ip.to_string(),
-                "--port-range",
-                &format!("{first}-{}", first + 99),
-            ])
-            .args(config.fault_injection.then_some("--replica-fault-injection"))
-            .stdin(std::process::Stdio::null())
-            .stdout(log.try_clone().map_err(|e| e.to_string())?)
-            .stderr(log)
-            .process_group(0);
-        // The node's namespace: the instance manager and every engine and
-        // replica it starts live there.
-        let netns = net.map(|n| simnet::open(&n.netns)).transpose().map_err(|e| e.to_string())?;
-        if let Some(handle) = netns {
-            // SAFETY: the closure only calls setns (async-signal-safe) on a
-            // descriptor the parent keeps open until spawn returns.
-            unsafe { command.pre_exec(move || simnet::enter(&handle)) };
-        }
-        let child = command.spawn().map_err(|e| format!("start ironhorn-instance-manager: {e}"))?;
-        std::fs::write(dir.join("im.pid"), child.id().to_string()).map_err(|e| e.to_string())?;
-        if !wait_listening(&im_address, Duration::from_secs(15)).await {
-            return Err(format!(
-                "node {name}: instance manager did not listen on {im_address}; see {}",
-                dir.join("instance-manager.log").display()
-            ));
-        }
+        im.start().await?;
     }
-    Ok((NodeProcess { name, dir, im_address, loop_device }, disk_path))
+    let im_address = im.address.clone();
+    Ok((NodeProcess { name, dir, im_address, loop_device, im }, disk_path))
 }
 
 async fn register_node(
@@ -345,7 +434,9 @@ pub async fn up(config: UpConfig) -> Result<(), String> {
     );
     ironhorn_proto::say!("  ironhorn volume list; ironhorn node list; ironhorn replica list");
     ironhorn_proto::say!("Ctrl-C stops everything; the data dir keeps the volumes for the next `ironhorn up`.");
+    let supervisor = tokio::spawn(supervise(nodes.iter().map(|n| n.im.clone()).collect()));
     let result = crate::serve_on(store, GrpcCluster::default(), listener, None).await;
+    supervisor.abort();
     ironhorn_proto::say!("stopping: engines, replicas, instance managers");
     stop_nodes(&nodes).await;
     remove_net(net.as_ref());

@@ -29,6 +29,7 @@ impl Volume {
         let results = join_all(targets.iter().map(|r| call(r.clone()))).await;
         let mut out = Vec::new();
         let mut first_invalid = None;
+        let mut no_space = None;
         for (replica, result) in targets.iter().zip(results) {
             match result {
                 Ok(v) => {
@@ -37,6 +38,9 @@ impl Volume {
                     }
                 }
                 Err(ReplicaError::Invalid(m)) => first_invalid = first_invalid.or(Some(m)),
+                // A full store refused a structural change: its data is
+                // intact and it still serves; the change fails, not it.
+                Err(ReplicaError::NoSpace(m)) => no_space = no_space.or(Some(format!("{}: {m}", replica.address))),
                 Err(ReplicaError::Fenced(m)) => {
                     self.fenced.store(true, Ordering::SeqCst);
                     return Err(VolumeError::Fenced(m));
@@ -46,6 +50,9 @@ impl Volume {
         }
         if let Some(m) = first_invalid {
             return Err(VolumeError::Invalid(m));
+        }
+        if let Some(m) = no_space {
+            return Err(VolumeError::NoSpace(format!("{what}: {m}")));
         }
         if out.is_empty() {
             return Err(VolumeError::Io(format!("{what}: no healthy replica")));

@@ -61,20 +61,29 @@ impl Volume {
         let dirty = {
             let _pause = self.pause.write().await;
             let epoch = self.epoch;
-            self.on_all("rebuild snapshot", |r| {
-                let name = snapshot.clone();
-                async move {
-                    unary(r.conn.timeout(), r.conn.client().snapshot_create(SnapshotCreateRequest { name, epoch }))
-                        .await
-                }
-            })
-            .await?;
-            unary(
-                self.timeout,
-                target.conn.client().snapshot_create(SnapshotCreateRequest { name: snapshot.clone(), epoch }),
-            )
-            .await
-            .map_err(|e| replica_error(address, e))?;
+            let joined = self
+                .on_all("rebuild snapshot", |r| {
+                    let name = snapshot.clone();
+                    async move {
+                        unary(r.conn.timeout(), r.conn.client().snapshot_create(SnapshotCreateRequest { name, epoch }))
+                            .await
+                    }
+                })
+                .await;
+            let joined = match joined {
+                Ok(_) => unary(
+                    self.timeout,
+                    target.conn.client().snapshot_create(SnapshotCreateRequest { name: snapshot.clone(), epoch }),
+                )
+                .await
+                .map_err(|e| replica_error(address, e)),
+                Err(e) => Err(e),
+            };
+            if let Err(e) = joined {
+                // Whichever replicas took the join snapshot give its space back.
+                self.drop_rebuild_snapshots().await;
+                return Err(e);
+            }
             let mut replicas = self.replicas.write().expect("replicas");
             replicas.retain(|r| r.address != address);
             replicas.push(target.clone());
@@ -134,6 +143,9 @@ impl Volume {
                 status.state = "failed".into();
                 status.error = e.to_string();
                 self.record_rebuild(status);
+                // The join snapshot held the source's overwritten blocks for
+                // the copy; with no copy going on they go back to free space.
+                self.drop_rebuild_snapshots().await;
                 Err(e)
             }
         }

@@ -101,6 +101,25 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
             _ => None,
         });
 
+        // The engine's own node does not answer (its instance manager is
+        // down, restarting or cut off): whether its engine serves is unknown,
+        // and it usually does. Nothing is started, failed or minted for it
+        // until the node answers again; the volume says so meanwhile.
+        if !snapshot.instances_known(&want_node) && engine.is_some_and(|e| e.spec.node_id == want_node) {
+            return self
+                .set_volume_status(&name, |s| {
+                    set_condition(
+                        &mut s.conditions,
+                        "EngineReachable",
+                        false,
+                        "NodeUnreachable",
+                        &format!("node {want_node} does not answer; its engine is left as it was"),
+                        &now,
+                    )
+                })
+                .await;
+        }
+
         if !(alive && instance_epoch == Some(current_epoch) && engine.is_some_and(|e| e.spec.node_id == want_node)) {
             if healthy.is_empty() && !replicas.is_empty() {
                 // Every replica failed: nothing to start an engine with.
@@ -282,6 +301,9 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
             events::record(&self.store, &name, Warning, "OutOfSpace", message).await;
         }
         self.set_volume_status(&name, |s| {
+            if condition(&s.conditions, "EngineReachable").is_some() {
+                set_condition(&mut s.conditions, "EngineReachable", true, "", "", &now);
+            }
             match out_of_space {
                 Some(true) => set_condition(
                     &mut s.conditions,

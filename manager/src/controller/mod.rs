@@ -104,6 +104,12 @@ impl Snapshot {
         }
     }
 
+    /// Whether `node`'s instance manager answered this pass (its instance
+    /// list is known).
+    fn instances_known(&self, node: &str) -> bool {
+        matches!(self.instances.get(node), Some(Ok(_)))
+    }
+
     fn instance(&self, node: &str, name: &str) -> Option<&pb::Instance> {
         match self.instances.get(node) {
             Some(Ok(list)) => list.iter().find(|i| i.name == name),

@@ -210,9 +210,13 @@ impl Meta {
         self.layers.iter().map(|l| l.map.len() as u64).sum()
     }
 
-    /// Blocks kept back so a checkpoint can always be written.
+    /// Blocks kept back so a checkpoint can always be written, even one
+    /// with a snapshot more (the rebuild snapshot a full store may be asked
+    /// for) and with the entries of writes started but not yet mapped
+    /// (each admission counts only its own): 1 % and 4096 entries of slack.
     pub(super) fn reserve_blocks(&self, extra_entries: u64) -> u64 {
-        checkpoint_blocks_for(self.entry_count() + extra_entries, self.layers.len() as u64) + 2
+        let entries = self.entry_count() + extra_entries;
+        checkpoint_blocks_for(entries + entries / 100 + 4096, self.layers.len() as u64 + 2) + 4
     }
 
     /// What `lba` reads as from layer `top` down: an entry, or zeroes.

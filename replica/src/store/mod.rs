@@ -841,9 +841,13 @@ impl Store {
             meta.check_usable()?;
             let blob = meta.image().encode();
             let count = format::checkpoint_block_count(blob.len()) as u64;
-            let Some(runs) = meta.alloc.alloc(count) else {
-                return Err(meta.fail(format!("no room for a {count}-block checkpoint")));
-            };
+            // Nothing has changed yet: a full store refuses the checkpoint
+            // (and what needed it) and stays usable; space freed later (a
+            // snapshot deleted) lets the next one through.
+            if meta.alloc.free < count {
+                return Err(StoreError::OutOfSpace { needed: count, free: meta.alloc.free });
+            }
+            let runs = meta.alloc.alloc(count).expect("free space was checked");
             let pbas: Vec<u64> = runs.iter().flat_map(|&(s, n)| s..s + n).collect();
             let new_sb = Superblock {
                 sequence: meta.sb.sequence + 1,

@@ -26,9 +26,23 @@ impl Store {
         let out = {
             let mut meta = self.meta();
             meta.check_usable()?;
+            // Room for the checkpoint first: the change is in memory only
+            // until its checkpoint is durable.
+            let needed = meta.reserve_blocks(0);
+            if meta.alloc.free < needed {
+                return Err(StoreError::OutOfSpace { needed, free: meta.alloc.free });
+            }
             change(&mut meta)?
         };
-        self.checkpoint_locked(false).await?;
+        if let Err(e) = self.checkpoint_locked(false).await {
+            // The change is in memory but not on the store: nothing more
+            // may be served from this state.
+            let mut meta = self.meta();
+            return Err(match e {
+                StoreError::Failed(_) => e,
+                other => meta.fail(format!("checkpoint after a structural change: {other}")),
+            });
+        }
         Ok(out)
     }
 

@@ -83,7 +83,10 @@ impl Conn {
                 1 => break, // NBD_REP_ACK
                 3 => {}     // NBD_REP_INFO
                 _ => {
-                    return Err(conn(format!("NBD_OPT_GO refused: reply {kind:#x} {}", String::from_utf8_lossy(&data))));
+                    return Err(conn(format!(
+                        "NBD_OPT_GO refused: reply {kind:#x} {}",
+                        String::from_utf8_lossy(&data)
+                    )));
                 }
             }
         }

@@ -4,6 +4,7 @@
 //! load, the volume came back to `healthy` unaided, writes went on after,
 //! and no block was lost.
 
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -51,6 +52,8 @@ pub struct Outcome {
     /// Why it failed (None: passed).
     pub failure: Option<String>,
     pub seconds: f64,
+    /// Where the cluster's logs were kept when it failed.
+    pub logs: Option<std::path::PathBuf>,
 }
 
 impl Outcome {
@@ -142,10 +145,14 @@ pub fn run_one(scenario: &'static Scenario, index: usize, config: &RunConfig) ->
         tally: Tally::default(),
         failure: None,
         seconds: 0.0,
+        logs: None,
     };
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| -> Result<(), String> {
         let mut ctx = setup(scenario, index, config)?;
         let driven = drive(&mut ctx, scenario, config, &mut out);
+        if driven.is_err() {
+            out.logs = save_logs(ctx.cluster.dir.path(), scenario.name, config.seed);
+        }
         // The blocks are read back even when the scenario failed: a loss
         // is worth knowing about either way.
         let finished = if ctx.healthy() || driven.is_ok() { finish(ctx, scenario, &mut out) } else { Ok(()) };
@@ -169,6 +176,29 @@ pub fn run_one(scenario: &'static Scenario, index: usize, config: &RunConfig) ->
     }
     out.seconds = start.elapsed().as_secs_f64();
     out
+}
+
+/// Copies every log of the failed cluster under `dir` (the manager's, each
+/// instance manager's and instance's) to a directory of its own that
+/// outlives the cluster; that directory.
+fn save_logs(dir: &Path, name: &str, seed: u64) -> Option<PathBuf> {
+    let to = std::env::temp_dir().join(format!("ironhorn-chaos-logs/{name}-seed{seed}"));
+    let _ = std::fs::remove_dir_all(&to);
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).ok()?.flatten() {
+            let path = entry.path();
+            let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+            if is_dir {
+                stack.push(path);
+            } else if path.extension().is_some_and(|e| e == "log") {
+                let target = to.join(path.strip_prefix(dir).ok()?);
+                std::fs::create_dir_all(target.parent()?).ok()?;
+                std::fs::copy(&path, &target).ok()?;
+            }
+        }
+    }
+    Some(to)
 }
 
 /// Runs `scenarios`, `config.parallel` at once; outcomes in the given order.
@@ -230,6 +260,9 @@ pub fn report(outcomes: &[Outcome]) -> String {
     }
     for o in outcomes.iter().filter(|o| !o.passed()) {
         text.push_str(&format!("\n{} failed: {}\n", o.name, o.failure.as_deref().unwrap_or("")));
+        if let Some(logs) = &o.logs {
+            text.push_str(&format!("  logs: {}\n", logs.display()));
+        }
         for (block, expected, found) in o.tally.lost.iter().take(10) {
             text.push_str(&format!("  block {block}: expected {expected}, found {found}\n"));
         }

@@ -58,6 +58,12 @@ pub const SCENARIOS: &[Scenario] = &[
         fault: kill_instance_manager,
     },
     Scenario {
+        name: "instance-manager-hung",
+        proves: "the engine node's instance manager frozen (SIGSTOP) for a while: the engine keeps serving, unreplaced",
+        crash_all: false,
+        fault: instance_manager_hung,
+    },
+    Scenario {
         name: "kill-manager",
         proves: "the manager killed and restarted: the data path never notices, the new manager adopts everything",
         crash_all: false,
@@ -216,6 +222,26 @@ fn kill_instance_manager(ctx: &mut Ctx) -> Result<(), String> {
     ctx.until(Duration::from_secs(30), "the instance manager back", |c| c.im_pid(ENGINE_NODE).is_ok_and(|p| p != im))?;
     ctx.hold();
     ctx.in_flight(100)?;
+    same_engine(ctx, &name, pid, epoch)
+}
+
+fn instance_manager_hung(ctx: &mut Ctx) -> Result<(), String> {
+    let (name, pid) = ctx.engine()?;
+    let epoch = ctx.engine_epoch(&name)?;
+    let im = ctx.im_pid(ENGINE_NODE)?;
+    faults::signal(im, libc::SIGSTOP)?;
+    let served = ctx.in_flight(100);
+    std::thread::sleep(ctx.duration * 2);
+    let more = ctx.in_flight(100);
+    faults::signal(im, libc::SIGCONT)?;
+    served.and(more).map_err(|e| format!("writes stopped while the instance manager was frozen: {e}"))?;
+    ctx.hold();
+    ctx.in_flight(100)?;
+    same_engine(ctx, &name, pid, epoch)
+}
+
+/// The serving engine is still `name` at `pid` and `epoch`.
+fn same_engine(ctx: &Ctx, name: &str, pid: u32, epoch: u64) -> Result<(), String> {
     let (now, now_pid) = ctx.engine()?;
     if now != name || now_pid != pid {
         return Err(format!("the serving engine {name} (pid {pid}) was replaced by {now} (pid {now_pid})"));
@@ -271,6 +297,7 @@ fn manager_cut(ctx: &mut Ctx) -> Result<(), String> {
     let ns = ctx.netns(ENGINE_NODE)?;
     let manager = ctx.manager_ip()?;
     let (name, pid) = ctx.engine()?;
+    let epoch = ctx.engine_epoch(&name)?;
     faults::partition(&ns, &manager)?;
     // The volume keeps serving while the manager cannot reach its node.
     let hold = ctx.duration;
@@ -279,11 +306,8 @@ fn manager_cut(ctx: &mut Ctx) -> Result<(), String> {
     let more = ctx.in_flight(100);
     faults::heal(&ns)?;
     served.and(more).map_err(|e| format!("writes stopped while the manager was cut off: {e}"))?;
-    let (now, now_pid) = ctx.engine()?;
-    if now != name || now_pid != pid {
-        return Err(format!("engine {name} (pid {pid}) was replaced by {now} (pid {now_pid}) after the cut"));
-    }
-    Ok(())
+    ctx.hold();
+    same_engine(ctx, &name, pid, epoch)
 }
 
 fn one_way_partition(ctx: &mut Ctx) -> Result<(), String> {

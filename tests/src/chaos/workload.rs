@@ -97,6 +97,11 @@ fn writer(
             if conn.is_some() {
                 counters.reconnects.fetch_add(1, Ordering::Relaxed);
             }
+            // A flush covers the writes its own connection saw completed:
+            // those acknowledged on a lost connection stay unflushed (a
+            // crash of every replica may roll them back).
+            unflushed.clear();
+            since_flush = 0;
             continue;
         };
         let block = index + config.threads * rng.below(mine);
