@@ -171,7 +171,8 @@ fn now_ms() -> u64 {
 }
 
 fn last_log_line(path: &PathBuf) -> String {
-    tail(path, 4096).lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("").trim().to_string()
+    let line = tail(path, 4096).lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("").to_string();
+    ironhorn_proto::say::plain(&line).trim().to_string()
 }
 
 fn tail(path: &PathBuf, max_bytes: u64) -> String {

@@ -20,6 +20,8 @@ pub enum Kind {
 /// Records an event about a volume. Failing to record is logged, never
 /// fatal: the decision it describes was already applied.
 pub async fn record<D: Datastore>(store: &D, volume: &str, kind: Kind, reason: &str, message: &str) {
+    // Messages carry text from processes' logs: no terminal codes in events.
+    let message = &ironhorn_proto::say::plain(message);
     let now = jiff::Timestamp::now();
     match kind {
         Kind::Normal => tracing::info!(%volume, reason, "{message}"),

@@ -47,6 +47,40 @@ pub mod say {
             .init();
     }
 
+    /// `line` without terminal escape sequences (a log line's colours) and
+    /// other control characters: fit for an event or a status message.
+    pub fn plain(line: &str) -> String {
+        let mut out = String::with_capacity(line.len());
+        let mut chars = line.chars().peekable();
+        while let Some(c) = chars.next() {
+            if c == '\u{1b}' {
+                // CSI: ESC [ parameters… final byte in @..~; else ESC + one.
+                if chars.next_if_eq(&'[').is_some() {
+                    while let Some(p) = chars.next() {
+                        if ('@'..='~').contains(&p) {
+                            break;
+                        }
+                    }
+                } else {
+                    chars.next();
+                }
+            } else if !c.is_control() || c == '\t' {
+                out.push(c);
+            }
+        }
+        out
+    }
+
+    #[cfg(test)]
+    mod tests {
+        #[test]
+        fn colours_and_controls_are_dropped_and_text_kept() {
+            let line = "\u{1b}[2m2026-12-04T14:39Z\u{1b}[0m \u{1b}[31mERROR\u{1b}[0m store: disk \u{7}gone\r";
+            assert_eq!(super::plain(line), "2026-12-04T14:39Z ERROR store: disk gone");
+            assert_eq!(super::plain("plain text"), "plain text");
+        }
+    }
+
     /// `println!` that drops the line when stdout cannot take it.
     #[macro_export]
     macro_rules! say {

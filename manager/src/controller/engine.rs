@@ -206,6 +206,24 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
             };
             self.cluster.create_instance(&im, request).await?;
             tracing::info!(volume = %name, node = %want_node, epoch, "engine started");
+            // An engine that was meant to run and is replaced: a crash, a
+            // lost node, a manager that found it gone. (A first attach or
+            // an attach after a detach is no event.)
+            if let Some(previous) = engine.filter(|e| e.spec.epoch > 0 && e.spec.desire_state == "running") {
+                let why = match instance {
+                    None => "was not running".to_string(),
+                    Some(i) if i.state == InstanceState::Error as i32 => format!("had failed: {}", i.error_message),
+                    Some(i) if instance_epoch != Some(previous.spec.epoch) => {
+                        format!("was a stale instance ({})", i.name)
+                    }
+                    Some(_) => "was not serving".to_string(),
+                };
+                let message = format!(
+                    "engine of epoch {} on {} {why}; restarted on {want_node} at epoch {epoch}",
+                    previous.spec.epoch, previous.spec.node_id
+                );
+                events::record(&self.store, &name, Warning, "EngineRestarted", &message).await;
+            }
             return self
                 .set_volume_status(&name, |s| {
                     s.state = "attaching".into();

@@ -27,6 +27,9 @@ pub struct Ctx {
     pub workload: Workload,
     /// Every replica was killed at once at some point.
     pub crash_all: bool,
+    /// The seeded choices the scenario made (targets, gaps, delays), in
+    /// order: one seed gives one schedule.
+    pub schedule: Vec<String>,
 }
 
 /// A replica of the volume as the manager sees it.
@@ -114,6 +117,18 @@ impl Ctx {
         remote.sort_by(|a, b| a.name.cmp(&b.name));
         self.shuffle(&mut remote);
         remote
+    }
+
+    /// Records one seeded choice of the fault schedule.
+    pub fn note(&mut self, choice: String) {
+        self.schedule.push(choice);
+    }
+
+    /// A seeded pause of `lo..=hi` ms, recorded in the schedule.
+    pub fn pause_between(&mut self, lo: u64, hi: u64) {
+        let ms = self.rng.between(lo, hi);
+        self.note(format!("wait {ms} ms"));
+        std::thread::sleep(Duration::from_millis(ms));
     }
 
     pub fn shuffle<T>(&mut self, items: &mut [T]) {

@@ -54,6 +54,8 @@ pub struct Outcome {
     pub seconds: f64,
     /// Where the cluster's logs were kept when it failed.
     pub logs: Option<std::path::PathBuf>,
+    /// The seeded fault schedule it ran.
+    pub schedule: Vec<String>,
 }
 
 impl Outcome {
@@ -96,6 +98,7 @@ fn setup(scenario: &Scenario, index: usize, config: &RunConfig) -> Result<Ctx, S
         duration: config.duration,
         workload: Workload::idle(),
         crash_all: false,
+        schedule: Vec::new(),
     };
     ctx.wait_healthy(Duration::from_secs(60))?;
     let netns = ctx.netns(ENGINE_NODE)?;
@@ -119,6 +122,10 @@ fn drive(ctx: &mut Ctx, scenario: &Scenario, config: &RunConfig, out: &mut Outco
     (scenario.fault)(ctx).map_err(|e| format!("fault: {e}"))?;
     out.to_healthy = Some(ctx.wait_healthy(config.heal_timeout)?.as_secs_f64());
     ctx.in_flight(100).map_err(|e| format!("after healing: {e}"))?;
+    // What the volume's events told the operator is plain text.
+    if let Some(e) = ctx.events().iter().find(|e| e["message"].as_str().is_some_and(|m| m.contains('\u{1b}'))) {
+        return Err(format!("an event carries terminal escape codes: {}", e["message"]));
+    }
     Ok(())
 }
 
@@ -146,10 +153,12 @@ pub fn run_one(scenario: &'static Scenario, index: usize, config: &RunConfig) ->
         failure: None,
         seconds: 0.0,
         logs: None,
+        schedule: Vec::new(),
     };
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| -> Result<(), String> {
         let mut ctx = setup(scenario, index, config)?;
         let driven = drive(&mut ctx, scenario, config, &mut out);
+        out.schedule = ctx.schedule.clone();
         if driven.is_err() {
             out.logs = save_logs(ctx.cluster.dir.path(), scenario.name, config.seed);
         }
@@ -257,6 +266,10 @@ pub fn report(outcomes: &[Outcome]) -> String {
     for o in outcomes {
         text.push_str(&row(o));
         text.push('\n');
+    }
+    text.push_str("\nschedules:\n");
+    for o in outcomes {
+        text.push_str(&format!("  {}: {}\n", o.name, o.schedule.join("; ")));
     }
     for o in outcomes.iter().filter(|o| !o.passed()) {
         text.push_str(&format!("\n{} failed: {}\n", o.name, o.failure.as_deref().unwrap_or("")));

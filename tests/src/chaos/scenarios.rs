@@ -165,12 +165,15 @@ pub fn find(name: &str) -> Option<&'static Scenario> {
     SCENARIOS.iter().find(|s| s.name == name)
 }
 
-fn kill_replica(ctx: &Ctx, r: &Replica) -> Result<(), String> {
+fn kill_replica(ctx: &mut Ctx, r: &Replica) -> Result<(), String> {
+    ctx.note(format!("kill -9 {} on {}", r.name, r.node));
     faults::kill9(ctx.pid(&r.node, &r.name)?)
 }
 
 fn first_remote(ctx: &mut Ctx) -> Result<Replica, String> {
-    ctx.remote_replicas().into_iter().next().ok_or_else(|| "no replica off the engine's node".to_string())
+    let r = ctx.remote_replicas().into_iter().next().ok_or_else(|| "no replica off the engine's node".to_string())?;
+    ctx.note(format!("target {} on {}", r.name, r.node));
+    Ok(r)
 }
 
 fn kill_one_replica(ctx: &mut Ctx) -> Result<(), String> {
@@ -182,7 +185,7 @@ fn kill_one_replica(ctx: &mut Ctx) -> Result<(), String> {
 
 fn kill_two_replicas(ctx: &mut Ctx) -> Result<(), String> {
     let remote = ctx.remote_replicas();
-    for r in remote.iter().take(2) {
+    for r in remote.iter().take(2).collect::<Vec<_>>() {
         kill_replica(ctx, r)?;
     }
     ctx.wait_degraded()?;
@@ -195,8 +198,7 @@ fn kill_each_replica(ctx: &mut Ctx) -> Result<(), String> {
     ctx.shuffle(&mut all);
     for r in &all {
         kill_replica(ctx, r)?;
-        let gap = ctx.rng.between(200, 1500);
-        std::thread::sleep(Duration::from_millis(gap));
+        ctx.pause_between(200, 1500);
     }
     Ok(())
 }
@@ -207,6 +209,9 @@ fn kill_engine(ctx: &mut Ctx) -> Result<(), String> {
     faults::kill9(pid)?;
     ctx.until(Duration::from_secs(60), "a new engine serving at a higher epoch", |c| {
         c.engine().is_ok_and(|(n, p)| p != pid && c.engine_epoch(&n).is_ok_and(|e| e > before))
+    })?;
+    ctx.until(Duration::from_secs(10), "an EngineRestarted event", |c| {
+        c.events().iter().any(|e| e["reason"] == "EngineRestarted")
     })?;
     ctx.in_flight(100).map(drop)
 }
@@ -284,13 +289,27 @@ fn kill_node(ctx: &mut Ctx) -> Result<(), String> {
 }
 
 fn partition_replica(ctx: &mut Ctx) -> Result<(), String> {
-    let (_, ns) = replica_node(ctx)?;
+    let (r, ns) = replica_node(ctx)?;
     let engine_ip = ctx.node_ip(ENGINE_NODE)?;
     faults::partition(&ns, &engine_ip)?;
     ctx.wait_degraded()?;
     ctx.in_flight(100)?;
     ctx.hold();
-    faults::heal(&ns)
+    faults::heal(&ns)?;
+    // The replica comes back with a delta rebuild: only what was written
+    // while it was away is copied, not the volume.
+    ctx.wait_healthy(Duration::from_secs(120))?;
+    let events = ctx.events();
+    let finished = events
+        .iter()
+        .filter_map(|e| e["message"].as_str())
+        .filter(|m| m.starts_with(&format!("rebuild of {} finished", r.name)))
+        .next_back()
+        .ok_or_else(|| format!("no RebuildFinished event for {}", r.name))?;
+    if !finished.contains("dirty-map") {
+        return Err(format!("the rebuild after the partition was not a delta rebuild: {finished}"));
+    }
+    Ok(())
 }
 
 fn manager_cut(ctx: &mut Ctx) -> Result<(), String> {
@@ -323,6 +342,7 @@ fn one_way_partition(ctx: &mut Ctx) -> Result<(), String> {
 fn slow_link(ctx: &mut Ctx) -> Result<(), String> {
     let (_, ns) = replica_node(ctx)?;
     let latency = ctx.rng.between(150, 250) as u32;
+    ctx.note(format!("link queue {latency} ms"));
     faults::slow_link(&ns, 20_000, latency)?;
     ctx.in_flight(100)?;
     ctx.hold();
@@ -342,9 +362,9 @@ fn link_flap(ctx: &mut Ctx) -> Result<(), String> {
     let end = std::time::Instant::now() + ctx.duration * 2;
     while std::time::Instant::now() < end {
         faults::link(&ns, false)?;
-        std::thread::sleep(Duration::from_millis(ctx.rng.between(500, 1500)));
+        ctx.pause_between(500, 1500);
         faults::link(&ns, true)?;
-        std::thread::sleep(Duration::from_millis(ctx.rng.between(1500, 3000)));
+        ctx.pause_between(1500, 3000);
     }
     faults::heal(&ns)
 }
@@ -381,6 +401,7 @@ fn replica_disk_slow(ctx: &mut Ctx) -> Result<(), String> {
     let end = std::time::Instant::now() + ctx.duration;
     while std::time::Instant::now() < end {
         let delay = ctx.rng.between(50, 250);
+        ctx.note(format!("disk delay {delay} ms x5"));
         let before = ctx.faults_fired(&r.address)?;
         ctx.arm_fault(&r.address, &[FaultOp::Write, FaultOp::Sync], FaultAction::Delay, 5, delay)?;
         ctx.until(Duration::from_secs(30), "the delay fired", |c| {
