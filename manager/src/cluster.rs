@@ -83,6 +83,10 @@ impl GrpcCluster {
             .map_err(|e| format!("{address}: {e}"))?
             .connect_timeout(Duration::from_secs(2))
             .timeout(Duration::from_secs(30))
+            // A peer cut off mid-connection is found in seconds, not at the
+            // next request's timeout.
+            .http2_keep_alive_interval(Duration::from_secs(5))
+            .keep_alive_timeout(Duration::from_secs(5))
             .connect_lazy();
         channels.insert(address.to_string(), channel.clone());
         Ok(channel)
@@ -93,13 +97,24 @@ impl GrpcCluster {
     }
 }
 
+/// How long a pass waits for a poll (instance list, disk or engine status):
+/// one node that does not answer must not hold every volume's pass for the
+/// channel's 30 s.
+const POLL_TIMEOUT: Duration = Duration::from_secs(5);
+
+fn poll<T>(message: T) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request.set_timeout(POLL_TIMEOUT);
+    request
+}
+
 fn status(address: &str, s: tonic::Status) -> String {
     format!("{address}: {}", s.message())
 }
 
 impl Cluster for GrpcCluster {
     async fn instances(&self, im: &str) -> Result<Vec<pb::Instance>, String> {
-        let reply = self.im(im)?.list(pb::ListRequest {}).await.map_err(|e| status(im, e))?;
+        let reply = self.im(im)?.list(poll(pb::ListRequest {})).await.map_err(|e| status(im, e))?;
         Ok(reply.into_inner().instances)
     }
 
@@ -117,7 +132,7 @@ impl Cluster for GrpcCluster {
     }
 
     async fn disk_status(&self, im: &str, disk: &str) -> Result<pb::DiskStatusResponse, String> {
-        let request = pb::DiskStatusRequest { disk: disk.to_string() };
+        let request = poll(pb::DiskStatusRequest { disk: disk.to_string() });
         Ok(self.im(im)?.disk_status(request).await.map_err(|e| status(im, e))?.into_inner())
     }
 
@@ -129,7 +144,7 @@ impl Cluster for GrpcCluster {
 
     async fn engine_status(&self, engine: &str) -> Result<StatusResponse, String> {
         let mut client = EngineClient::new(self.channel(engine)?);
-        Ok(client.status(StatusRequest {}).await.map_err(|e| status(engine, e))?.into_inner())
+        Ok(client.status(poll(StatusRequest {})).await.map_err(|e| status(engine, e))?.into_inner())
     }
 
     async fn engine_replica_add(&self, engine: &str, replica: &str) -> Result<(), String> {

@@ -211,6 +211,7 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
             // an attach after a detach is no event.)
             if let Some(previous) = engine.filter(|e| e.spec.epoch > 0 && e.spec.desire_state == "running") {
                 let why = match instance {
+                    None if previous.spec.node_id != want_node => "could not be reached to stop it".to_string(),
                     None => "was not running".to_string(),
                     Some(i) if i.state == InstanceState::Error as i32 => format!("had failed: {}", i.error_message),
                     Some(i) if instance_epoch != Some(previous.spec.epoch) => {

@@ -70,10 +70,13 @@ impl Ctx {
 
     pub fn instances(&self, node: &str) -> Result<Vec<Instance>, String> {
         let im = self.im_address(node)?;
-        runtime().block_on(async {
-            let mut c = InstanceManagerClient::connect(format!("http://{im}")).await.map_err(|e| e.to_string())?;
-            Ok(c.list(ListRequest {}).await.map_err(|e| e.to_string())?.into_inner().instances)
-        })
+        runtime()
+            .block_on(async {
+                let mut c =
+                    InstanceManagerClient::connect(format!("http://{im}")).await.map_err(|e| format!("{e:?}"))?;
+                Ok(c.list(ListRequest {}).await.map_err(|e| e.to_string())?.into_inner().instances)
+            })
+            .map_err(|e: String| format!("instances on {node} ({im}): {e}"))
     }
 
     /// The pid of a running instance `name` on `node`.
@@ -119,6 +122,21 @@ impl Ctx {
         remote
     }
 
+    /// Heals every node's namespace and wakes every stopped process of the
+    /// cluster (best effort): what a failed scenario leaves behind.
+    pub fn lift_all_faults(&self) {
+        for node in self.nodes() {
+            if let Ok(ns) = self.netns(&node) {
+                let _ = faults::heal(&ns);
+            }
+            let mut pids: Vec<u32> = self.instances(&node).unwrap_or_default().iter().map(|i| i.pid).collect();
+            pids.extend(self.im_pid(&node));
+            for pid in pids.into_iter().filter(|p| *p > 0) {
+                let _ = faults::signal(pid, libc::SIGCONT);
+            }
+        }
+    }
+
     /// Records one seeded choice of the fault schedule.
     pub fn note(&mut self, choice: String) {
         self.schedule.push(choice);
@@ -142,14 +160,25 @@ impl Ctx {
     pub fn engine(&self) -> Result<(String, u32), String> {
         let text = self.cluster.cli(&["engine", "list", "-o", "json"])?;
         let engines: serde_json::Value = serde_json::from_str(&text).map_err(|e| format!("engine list: {e}"))?;
-        let name = engines
+        let engine = engines
             .as_array()
             .and_then(|a| a.iter().find(|e| e["spec"]["volumeName"] == self.volume.as_str()))
-            .and_then(|e| e["metadata"]["name"].as_str())
-            .ok_or("no engine")?
-            .to_string();
-        let pid = self.pid(ENGINE_NODE, &name)?;
+            .ok_or("no engine")?;
+        let name = engine["metadata"]["name"].as_str().ok_or("an engine without a name")?.to_string();
+        let node = engine["spec"]["nodeID"].as_str().filter(|n| !n.is_empty()).unwrap_or(ENGINE_NODE);
+        let pid = self.pid(node, &name)?;
         Ok((name, pid))
+    }
+
+    /// (node, epoch) of the volume's engine as the manager has it.
+    pub fn engine_placement(&self) -> Result<(String, u64), String> {
+        let text = self.cluster.cli(&["engine", "list", "-o", "json"])?;
+        let all: serde_json::Value = serde_json::from_str(&text).map_err(|e| format!("engine list: {e}"))?;
+        let e = all
+            .as_array()
+            .and_then(|a| a.iter().find(|e| e["spec"]["volumeName"] == self.volume.as_str()))
+            .ok_or("no engine")?;
+        Ok((e["spec"]["nodeID"].as_str().unwrap_or_default().to_string(), e["spec"]["epoch"].as_u64().unwrap_or(0)))
     }
 
     /// The volume's engine object as the manager has it.

@@ -135,6 +135,7 @@ fn finish(mut ctx: Ctx, scenario: &Scenario, out: &mut Outcome) -> Result<(), St
     out.acked = counters.acked.load(std::sync::atomic::Ordering::Relaxed);
     out.errors = counters.errors.load(std::sync::atomic::Ordering::Relaxed);
     out.reconnects = counters.reconnects.load(std::sync::atomic::Ordering::Relaxed);
+    ctx.until(Duration::from_secs(60), "the volume's endpoint, to read every block back", |c| c.endpoint().is_some())?;
     let uri = ctx.endpoint().ok_or("the volume has no endpoint to read back from")?;
     let netns = ctx.netns(ENGINE_NODE)?;
     out.tally = workload::verify(&uri, Some(&netns), BLOCKS, &histories, ctx.crash_all || scenario.crash_all)?;
@@ -161,6 +162,9 @@ pub fn run_one(scenario: &'static Scenario, index: usize, config: &RunConfig) ->
         out.schedule = ctx.schedule.clone();
         if driven.is_err() {
             out.logs = save_logs(ctx.cluster.dir.path(), scenario.name, config.seed);
+            // A fault left in place would keep `up` from stopping what runs
+            // behind it: lift every one before the cluster goes.
+            ctx.lift_all_faults();
         }
         // The blocks are read back even when the scenario failed: a loss
         // is worth knowing about either way.

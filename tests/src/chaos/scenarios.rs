@@ -154,6 +154,13 @@ pub const SCENARIOS: &[Scenario] = &[
         fault: manager_restart_during_rebuild,
     },
     Scenario {
+        name: "old-engine-fenced",
+        proves: "an engine frozen (SIGSTOP) and cut off while the volume moves to a new engine elsewhere, then \
+                 woken: whatever it still sends is refused or repaired, nothing lands over newer data",
+        crash_all: false,
+        fault: old_engine_fenced,
+    },
+    Scenario {
         name: "power-loss",
         proves: "every process of the cluster killed at once, then `up` again: every flushed write is there",
         crash_all: true,
@@ -200,7 +207,7 @@ fn kill_each_replica(ctx: &mut Ctx) -> Result<(), String> {
         kill_replica(ctx, r)?;
         ctx.pause_between(200, 1500);
     }
-    Ok(())
+    ctx.wait_degraded()
 }
 
 fn kill_engine(ctx: &mut Ctx) -> Result<(), String> {
@@ -422,10 +429,22 @@ fn rebuilding(ctx: &Ctx) -> Result<String, String> {
     Ok(found.expect("found"))
 }
 
+/// Kills a replica and waits until it is rebuilding. The other replicas'
+/// reads (only a rebuild reads: the workload writes) are slowed first, so
+/// the rebuild lasts long enough to be seen and hit.
 fn start_rebuild(ctx: &mut Ctx) -> Result<String, String> {
     let r = first_remote(ctx)?;
+    let sources: Vec<Replica> = ctx.replicas().into_iter().filter(|o| o.name != r.name).collect();
+    for s in &sources {
+        ctx.arm_fault(&s.address, &[FaultOp::Read], FaultAction::Delay, 200, 20)?;
+    }
     kill_replica(ctx, &r)?;
-    rebuilding(ctx)
+    let target = rebuilding(ctx);
+    for s in &sources {
+        // A source killed meanwhile has no faults to clear.
+        let _ = ctx.clear_faults(&s.address);
+    }
+    target
 }
 
 fn kill_rebuilding_replica(ctx: &mut Ctx) -> Result<(), String> {
@@ -474,5 +493,42 @@ fn power_loss(ctx: &mut Ctx) -> Result<(), String> {
     }
     ctx.crash_all = true;
     ctx.cluster.start_up();
+    ctx.in_flight(100).map(drop)
+}
+
+fn old_engine_fenced(ctx: &mut Ctx) -> Result<(), String> {
+    let (name, pid) = ctx.engine()?;
+    let epoch = ctx.engine_epoch(&name)?;
+    let ns = ctx.netns(ENGINE_NODE)?;
+    let manager = ctx.manager_ip()?;
+    let to = ctx.nodes().into_iter().find(|n| n != ENGINE_NODE).ok_or("no other node")?;
+    ctx.note(format!("move the volume to {to}"));
+    // Frozen with the workload's requests in it, and out of the manager's
+    // reach (so it cannot be stopped: only fencing keeps it out).
+    faults::signal(pid, libc::SIGSTOP)?;
+    faults::partition(&ns, &manager)?;
+    let moved = (|| {
+        // Detach returns at once here (it would wait for the old engine).
+        let _ = ctx.cluster.cli(&["volume", "detach", &ctx.volume, "--timeout-secs", "1"]);
+        ctx.cluster.cli(&["volume", "attach", &ctx.volume, "--node", &to, "--timeout-secs", "120"])?;
+        let mut seen = String::new();
+        ctx.until(Duration::from_secs(120), "a new engine serving on the other node at a higher epoch", |c| {
+            let now = c.engine_placement();
+            seen = format!("{now:?}");
+            now.is_ok_and(|(node, e)| node == to && e > epoch)
+        })
+        .map_err(|e| format!("{e} (last seen: {seen})"))?;
+        // The writers give up on the frozen engine and find the new one.
+        ctx.in_flight(200).map(drop)
+    })();
+    // Woken while cut off: it goes on with what it held, at its old epoch.
+    faults::signal(pid, libc::SIGCONT)?;
+    moved?;
+    ctx.in_flight(200)?;
+    faults::heal(&ns)?;
+    // Back in reach, the old engine is stopped by the manager.
+    ctx.until(Duration::from_secs(60), "the old engine stopped", |_| {
+        !std::path::Path::new(&format!("/proc/{pid}")).exists()
+    })?;
     ctx.in_flight(100).map(drop)
 }
