@@ -51,6 +51,11 @@ enum Command {
         /// Start replicas with their fault-injection API on (chaos tests).
         #[arg(long)]
         fault_injection: bool,
+        /// Leave a node's instance manager dead when it dies (by default `up`
+        /// starts it again, as a DaemonSet would): the node stays down, as a
+        /// machine that is gone.
+        #[arg(long)]
+        no_supervise: bool,
     },
     /// Remove what `up` made under a data dir (LVs, VGs, loop devices, files).
     Purge {
@@ -316,7 +321,7 @@ async fn drive(cli: Cli) -> Result<(), String> {
     let json_out = cli.output == Output::Json;
     let print_json = |v: &Value| ironhorn_proto::say!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
     match cli.command {
-        Command::Up { data_dir, nodes, port_base, disk_size, file_disks, netns, fault_injection } => {
+        Command::Up { data_dir, nodes, port_base, disk_size, file_disks, netns, fault_injection, no_supervise } => {
             let bin_dir =
                 std::env::current_exe().ok().and_then(|p| p.parent().map(|d| d.to_path_buf())).unwrap_or_default();
             standalone::up(standalone::UpConfig {
@@ -327,6 +332,7 @@ async fn drive(cli: Cli) -> Result<(), String> {
                 file_disks,
                 netns,
                 fault_injection,
+                supervise: !no_supervise,
                 bin_dir,
             })
             .await

@@ -56,6 +56,8 @@ pub struct UpConfig {
     pub netns: bool,
     /// Replicas serve their fault-injection API (chaos tests).
     pub fault_injection: bool,
+    /// Start a node's instance manager again when it dies.
+    pub supervise: bool,
     pub bin_dir: PathBuf,
 }
 
@@ -434,9 +436,12 @@ pub async fn up(config: UpConfig) -> Result<(), String> {
     );
     ironhorn_proto::say!("  ironhorn volume list; ironhorn node list; ironhorn replica list");
     ironhorn_proto::say!("Ctrl-C stops everything; the data dir keeps the volumes for the next `ironhorn up`.");
-    let supervisor = tokio::spawn(supervise(nodes.iter().map(|n| n.im.clone()).collect()));
+    let ims = if config.supervise { nodes.iter().map(|n| n.im.clone()).collect() } else { Vec::new() };
+    let supervisor = tokio::spawn(supervise(ims));
     let result = crate::serve_on(store, GrpcCluster::default(), listener, None).await;
+    // Stopped for good before the nodes are: nothing restarts what stops.
     supervisor.abort();
+    let _ = supervisor.await;
     ironhorn_proto::say!("stopping: engines, replicas, instance managers");
     stop_nodes(&nodes).await;
     remove_net(net.as_ref());

@@ -34,7 +34,8 @@ fn kill9(pid: u32) {
     unsafe { libc::kill(pid as i32, libc::SIGKILL) };
 }
 
-/// A node dies for good: its instance manager and its replica `replica`.
+/// A node dies for good: its instance manager and its replica `replica` (the
+/// cluster runs `up --no-supervise`, so nothing starts them again).
 fn kill_node(cluster: &StandaloneCluster, node: &str, replica: &str) {
     let (replica_pid, _) = instance(cluster, node, replica).expect("replica instance");
     let im_pid: u32 = std::fs::read_to_string(cluster.dir.path().join(format!("data/nodes/{node}/im.pid")))
@@ -176,7 +177,7 @@ fn a_killed_replica_is_reused_with_a_delta_rebuild_under_fio() {
 
 #[test]
 fn a_dead_node_is_replaced_on_the_fourth_node_after_the_wait_interval_one_rebuild_at_a_time() {
-    let cluster = StandaloneCluster::start("heal-node", 4, 27000, "2GiB");
+    let cluster = StandaloneCluster::start_with("heal-node", 4, 27000, "2GiB", &["--no-supervise"]);
     setting(&cluster, "replica-replenishment-wait-interval", "8");
     let endpoint = attached_volume(&cluster, "v1", "256MiB");
     check(fio(&endpoint, "64M", &[]).output().unwrap(), "write");
@@ -319,7 +320,7 @@ fn all_replicas_killed_the_volume_is_salvaged_from_the_newest() {
 
 #[test]
 fn attach_goes_ahead_without_a_replica_whose_node_is_gone() {
-    let cluster = StandaloneCluster::start("heal-attach", 3, 28500, "1GiB");
+    let cluster = StandaloneCluster::start_with("heal-attach", 3, 28500, "1GiB", &["--no-supervise"]);
     let endpoint = attached_volume(&cluster, "v1", "64MiB");
     qemu_io(&endpoint, "write -P 0x5a 0 4M").expect("write");
     cluster.cli(&["volume", "detach", "v1"]).unwrap();
@@ -370,7 +371,7 @@ fn revision_counter(cluster: &StandaloneCluster, replica: &str) -> u64 {
 /// writes before everything failed. The salvaged volume serves those writes.
 #[test]
 fn salvage_serves_the_newest_flushed_writes_even_from_the_replica_with_the_lowest_counter() {
-    let cluster = StandaloneCluster::start("heal-counters", 4, 23500, "2GiB");
+    let cluster = StandaloneCluster::start_with("heal-counters", 4, 23500, "2GiB", &["--no-supervise"]);
     setting(&cluster, "replica-replenishment-wait-interval", "1");
     let endpoint = attached_volume(&cluster, "v1", "64MiB");
     // A long history: 16,384 writes into the first MiB.

@@ -68,6 +68,10 @@ impl Outcome {
 const BLOCKS: u64 = 64 * 256;
 const VOLUME: &str = "chaos";
 
+/// Seconds to healthy past which a scenario's logs are kept (and named in
+/// the report) although it passed.
+const SLOW_HEAL_SECS: f64 = 60.0;
+
 /// Settings that keep healing quick enough for a test run; a reuse is
 /// still preferred to a new replica, as in production.
 const SETTINGS: &[(&str, &str)] = &[
@@ -160,8 +164,11 @@ pub fn run_one(scenario: &'static Scenario, index: usize, config: &RunConfig) ->
         let mut ctx = setup(scenario, index, config)?;
         let driven = drive(&mut ctx, scenario, config, &mut out);
         out.schedule = ctx.schedule.clone();
-        if driven.is_err() {
+        // A slow heal is worth reading about even when it passed.
+        if driven.is_err() || out.to_healthy.is_some_and(|s| s > SLOW_HEAL_SECS) {
             out.logs = save_logs(ctx.cluster.dir.path(), scenario.name, config.seed);
+        }
+        if driven.is_err() {
             // A fault left in place would keep `up` from stopping what runs
             // behind it: lift every one before the cluster goes.
             ctx.lift_all_faults();
@@ -274,6 +281,10 @@ pub fn report(outcomes: &[Outcome]) -> String {
     text.push_str("\nschedules:\n");
     for o in outcomes {
         text.push_str(&format!("  {}: {}\n", o.name, o.schedule.join("; ")));
+    }
+    for o in outcomes.iter().filter(|o| o.passed() && o.logs.is_some()) {
+        let logs = o.logs.as_ref().expect("checked");
+        text.push_str(&format!("\n{} healed slowly; logs: {}\n", o.name, logs.display()));
     }
     for o in outcomes.iter().filter(|o| !o.passed()) {
         text.push_str(&format!("\n{} failed: {}\n", o.name, o.failure.as_deref().unwrap_or("")));
