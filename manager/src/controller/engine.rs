@@ -31,6 +31,19 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
             }
         }
 
+        // An engine of this volume on yet another node: one that could not
+        // be stopped when the volume moved (its node did not answer). The
+        // new engine's epoch fenced it from the replicas; now that its node
+        // answers, it is stopped too.
+        let current = engine.map(|e| e.spec.node_id.as_str());
+        for node_name in stray_engine_nodes(&snapshot.instances, &engine_name, &want_node, current) {
+            if let Some(node) = snapshot.node(&node_name) {
+                self.cluster.delete_instance(&node.spec.instance_manager_address, &engine_name, false).await?;
+                let message = format!("stopped a stale engine of this volume left on {node_name}");
+                events::record(&self.store, &name, Normal, "StaleEngineStopped", &message).await;
+            }
+        }
+
         let healthy: Vec<&&Replica> = replicas.iter().filter(|r| r.spec.failed_at.is_empty()).collect();
         let running: Vec<(&str, String)> = healthy
             .iter()
@@ -349,5 +362,53 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
             set_condition(&mut s.conditions, "Attached", true, "", "", &now);
         })
         .await
+    }
+}
+
+/// Nodes (that answered this pass: `instances`) running an instance of
+/// engine `engine` where neither the volume wants it (`want_node`) nor its
+/// Engine object says it runs (`current`): strays to stop.
+fn stray_engine_nodes(
+    instances: &HashMap<String, Result<Vec<pb::Instance>, String>>,
+    engine: &str,
+    want_node: &str,
+    current: Option<&str>,
+) -> Vec<String> {
+    let mut nodes: Vec<String> = instances
+        .iter()
+        .filter(|(node, list)| {
+            node.as_str() != want_node
+                && Some(node.as_str()) != current
+                && list.as_ref().is_ok_and(|l| l.iter().any(|i| i.name == engine))
+        })
+        .map(|(node, _)| node.clone())
+        .collect();
+    nodes.sort();
+    nodes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(names: &[&str]) -> Result<Vec<pb::Instance>, String> {
+        Ok(names.iter().map(|n| pb::Instance { name: n.to_string(), ..Default::default() }).collect())
+    }
+
+    #[test]
+    fn an_engine_left_on_a_node_the_volume_moved_from_is_a_stray_once_that_node_answers() {
+        let mut instances = HashMap::new();
+        instances.insert("n-1".to_string(), with(&["v-e", "v-r-0"]));
+        instances.insert("n-2".to_string(), with(&["v-e", "v-r-1"]));
+        instances.insert("n-3".to_string(), with(&["w-e"]));
+        // Moved from n-1 to n-2: the one on n-1 is a stray.
+        assert_eq!(stray_engine_nodes(&instances, "v-e", "n-2", Some("n-2")), vec!["n-1".to_string()]);
+        // Its node does not answer: nothing to do yet.
+        instances.insert("n-1".to_string(), Err("unreachable".into()));
+        assert!(stray_engine_nodes(&instances, "v-e", "n-2", Some("n-2")).is_empty());
+        // Detaching: the engine where the object says it runs is not a
+        // stray (it is stopped as the detach), others are.
+        instances.insert("n-1".to_string(), with(&["v-e"]));
+        assert_eq!(stray_engine_nodes(&instances, "v-e", "", Some("n-2")), vec!["n-1".to_string()]);
     }
 }

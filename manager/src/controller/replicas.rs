@@ -64,15 +64,17 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
         .map_err(ds)
     }
 
-    /// Starts a replica's process again on its old store (data kept).
+    /// Starts a replica's process again on its old store (data kept). One
+    /// still running is stopped first: a failed replica's process may hold
+    /// a store that refused to go on after an I/O error (it stays unusable
+    /// for that process's life), and a fresh open replays and checks the
+    /// store from its durable state. The store id survives, so the engine's
+    /// dirty map still makes the rebuild a delta.
     pub(super) async fn restart_replica_instance(&self, snapshot: &Snapshot, replica: &Replica) -> Outcome {
         let name = replica.name_any();
         let node = snapshot.node(&replica.spec.node_id).ok_or("replica's node vanished")?;
         let im = &node.spec.instance_manager_address;
-        if let Some(i) = snapshot.instance(&replica.spec.node_id, &name) {
-            if matches!(InstanceState::try_from(i.state), Ok(InstanceState::Running | InstanceState::Starting)) {
-                return Ok(());
-            }
+        if snapshot.instance(&replica.spec.node_id, &name).is_some() {
             self.cluster.delete_instance(im, &name, false).await?;
         }
         self.cluster.create_instance(im, replica_instance_request(replica)).await.map(drop)
