@@ -156,14 +156,21 @@ impl Ctx {
         }
     }
 
+    /// The first engine object (from the manager's list) that `matches`.
+    fn find_engine(&self, matches: impl Fn(&serde_json::Value) -> bool) -> Result<serde_json::Value, String> {
+        let text = self.cluster.cli(&["engine", "list", "-o", "json"])?;
+        let all: serde_json::Value = serde_json::from_str(&text).map_err(|e| format!("engine list: {e}"))?;
+        all.as_array().and_then(|a| a.iter().find(|e| matches(e))).cloned().ok_or_else(|| "no such engine".into())
+    }
+
+    /// The volume's engine object.
+    fn volume_engine(&self) -> Result<serde_json::Value, String> {
+        self.find_engine(|e| e["spec"]["volumeName"] == self.volume.as_str())
+    }
+
     /// (engine instance name, pid).
     pub fn engine(&self) -> Result<(String, u32), String> {
-        let text = self.cluster.cli(&["engine", "list", "-o", "json"])?;
-        let engines: serde_json::Value = serde_json::from_str(&text).map_err(|e| format!("engine list: {e}"))?;
-        let engine = engines
-            .as_array()
-            .and_then(|a| a.iter().find(|e| e["spec"]["volumeName"] == self.volume.as_str()))
-            .ok_or("no engine")?;
+        let engine = self.volume_engine()?;
         let name = engine["metadata"]["name"].as_str().ok_or("an engine without a name")?.to_string();
         let node = engine["spec"]["nodeID"].as_str().filter(|n| !n.is_empty()).unwrap_or(ENGINE_NODE);
         let pid = self.pid(node, &name)?;
@@ -172,23 +179,13 @@ impl Ctx {
 
     /// (node, epoch) of the volume's engine as the manager has it.
     pub fn engine_placement(&self) -> Result<(String, u64), String> {
-        let text = self.cluster.cli(&["engine", "list", "-o", "json"])?;
-        let all: serde_json::Value = serde_json::from_str(&text).map_err(|e| format!("engine list: {e}"))?;
-        let e = all
-            .as_array()
-            .and_then(|a| a.iter().find(|e| e["spec"]["volumeName"] == self.volume.as_str()))
-            .ok_or("no engine")?;
+        let e = self.volume_engine()?;
         Ok((e["spec"]["nodeID"].as_str().unwrap_or_default().to_string(), e["spec"]["epoch"].as_u64().unwrap_or(0)))
     }
 
-    /// The volume's engine object as the manager has it.
+    /// Engine object `name` as the manager has it.
     fn engine_object(&self, name: &str) -> Result<serde_json::Value, String> {
-        let text = self.cluster.cli(&["engine", "list", "-o", "json"])?;
-        let all: serde_json::Value = serde_json::from_str(&text).map_err(|e| format!("engine list: {e}"))?;
-        all.as_array()
-            .and_then(|a| a.iter().find(|e| e["metadata"]["name"] == name))
-            .cloned()
-            .ok_or_else(|| format!("no engine {name}"))
+        self.find_engine(|e| e["metadata"]["name"] == name).map_err(|_| format!("no engine {name}"))
     }
 
     /// The fencing epoch the manager gave engine `name`.
