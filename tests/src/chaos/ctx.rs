@@ -142,11 +142,12 @@ impl Ctx {
         self.schedule.push(choice);
     }
 
-    /// A seeded pause of `lo..=hi` ms, recorded in the schedule.
-    pub fn pause_between(&mut self, lo: u64, hi: u64) {
+    /// A seeded pause of `lo..=hi` ms, recorded in the schedule; its length.
+    pub fn pause_between(&mut self, lo: u64, hi: u64) -> u64 {
         let ms = self.rng.between(lo, hi);
         self.note(format!("wait {ms} ms"));
         std::thread::sleep(Duration::from_millis(ms));
+        ms
     }
 
     pub fn shuffle<T>(&mut self, items: &mut [T]) {

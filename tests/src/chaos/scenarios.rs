@@ -366,12 +366,15 @@ fn packet_loss(ctx: &mut Ctx) -> Result<(), String> {
 
 fn link_flap(ctx: &mut Ctx) -> Result<(), String> {
     let (_, ns) = replica_node(ctx)?;
-    let end = std::time::Instant::now() + ctx.duration * 2;
-    while std::time::Instant::now() < end {
+    // As many flaps as the seeded pauses fit in twice the hold: the count
+    // comes from the seed, not the clock, so a seed replays it exactly.
+    let mut budget = ctx.duration.as_millis() as u64 * 2;
+    while budget > 0 {
         faults::link(&ns, false)?;
-        ctx.pause_between(500, 1500);
+        let down = ctx.pause_between(500, 1500);
         faults::link(&ns, true)?;
-        ctx.pause_between(1500, 3000);
+        let up = ctx.pause_between(1500, 3000);
+        budget = budget.saturating_sub(down + up);
     }
     faults::heal(&ns)
 }
@@ -404,9 +407,9 @@ fn replica_torn_write(ctx: &mut Ctx) -> Result<(), String> {
 
 fn replica_disk_slow(ctx: &mut Ctx) -> Result<(), String> {
     let r = first_remote(ctx)?;
-    // Jitter: a run of faults of seeded delays, each for some writes.
-    let end = std::time::Instant::now() + ctx.duration;
-    while std::time::Instant::now() < end {
+    // Jitter: a run of faults of seeded delays, each for some writes; two
+    // rounds per second of the hold (a count, so a seed replays it).
+    for _ in 0..(ctx.duration.as_secs() * 2).max(1) {
         let delay = ctx.rng.between(50, 250);
         ctx.note(format!("disk delay {delay} ms x5"));
         let before = ctx.faults_fired(&r.address)?;
