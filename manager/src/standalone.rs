@@ -62,11 +62,9 @@ pub struct UpConfig {
 }
 
 struct NodeProcess {
-    name: String,
-    dir: PathBuf,
-    im_address: String,
-    loop_device: Option<String>,
+    /// Its instance manager (name, directory and address are the node's).
     im: ImCommand,
+    loop_device: Option<String>,
 }
 
 /// How one node's instance manager is started (and started again).
@@ -283,7 +281,7 @@ async fn start_node(
     let ip = net.map_or(std::net::Ipv4Addr::LOCALHOST, |n| n.ip);
     let im = ImCommand {
         node: name.clone(),
-        dir: dir.clone(),
+        dir,
         address: format!("{ip}:{im_port}"),
         ip,
         ports: (first, first + 99),
@@ -296,8 +294,7 @@ async fn start_node(
     } else {
         im.start().await?;
     }
-    let im_address = im.address.clone();
-    Ok((NodeProcess { name, dir, im_address, loop_device, im }, disk_path))
+    Ok((NodeProcess { im, loop_device }, disk_path))
 }
 
 async fn register_node(
@@ -356,16 +353,16 @@ async fn stop_nodes(nodes: &[NodeProcess]) {
     let cluster = GrpcCluster::default();
     for kind in [ironhorn_proto::instance::InstanceKind::Engine, ironhorn_proto::instance::InstanceKind::Replica] {
         for node in nodes {
-            let Ok(instances) = cluster.instances(&node.im_address).await else { continue };
+            let Ok(instances) = cluster.instances(&node.im.address).await else { continue };
             for i in instances.iter().filter(|i| i.kind == kind as i32) {
-                if let Err(e) = cluster.delete_instance(&node.im_address, &i.name, false).await {
-                    ironhorn_proto::say_err!("stop {} on {}: {e}", i.name, node.name);
+                if let Err(e) = cluster.delete_instance(&node.im.address, &i.name, false).await {
+                    ironhorn_proto::say_err!("stop {} on {}: {e}", i.name, node.im.node);
                 }
             }
         }
     }
     for node in nodes {
-        let pid_file = node.dir.join("im.pid");
+        let pid_file = node.im.dir.join("im.pid");
         if let Some(pid) = std::fs::read_to_string(&pid_file).ok().and_then(|p| p.trim().parse::<i32>().ok()) {
             // Only our instance manager: the one listening at its address.
             // SAFETY: kill has no memory effects.
@@ -416,8 +413,8 @@ pub async fn up(config: UpConfig) -> Result<(), String> {
                 // A file disk shares its filesystem: it counts against
                 // --disk-size, as an LVM disk's VG is that size.
                 let cap = if use_lvm { 0 } else { config.disk_size };
-                register_node(&store, &node.name, &node.im_address, &disk_path, cap).await?;
-                ironhorn_proto::say!("node {}: instance manager {} disk {disk_path}", node.name, node.im_address);
+                register_node(&store, &node.im.node, &node.im.address, &disk_path, cap).await?;
+                ironhorn_proto::say!("node {}: instance manager {} disk {disk_path}", node.im.node, node.im.address);
                 nodes.push(node);
             }
             Err(e) => {

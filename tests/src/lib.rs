@@ -4,6 +4,7 @@
 //! replicas over their gRPC data stream.
 
 pub mod chaos;
+pub mod nbd_wire;
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
@@ -510,8 +511,8 @@ pub fn nbd_uri(volume: &str, socket: &Path) -> String {
     format!("nbd+unix:///{volume}?socket={}", socket.display())
 }
 
-/// A minimal NBD client for protocol tests: fixed newstyle, NBD_OPT_GO,
-/// simple replies.
+/// A minimal NBD client for protocol tests over the engine's unix socket
+/// (see `nbd_wire`).
 pub struct NbdClient {
     pub stream: std::os::unix::net::UnixStream,
     pub size: u64,
@@ -519,64 +520,15 @@ pub struct NbdClient {
 
 impl NbdClient {
     pub fn connect(socket: &Path, export: &str) -> std::io::Result<NbdClient> {
-        use std::io::{Read, Write};
-        let mut s = std::os::unix::net::UnixStream::connect(socket)?;
-        s.set_read_timeout(Some(Duration::from_secs(20)))?;
-        let mut hello = [0u8; 18];
-        s.read_exact(&mut hello)?;
-        assert_eq!(&hello[..8], b"NBDMAGIC");
-        s.write_all(&3u32.to_be_bytes())?; // fixed newstyle + no zeroes
-        let mut opt = Vec::new();
-        opt.extend_from_slice(b"IHAVEOPT");
-        opt.extend_from_slice(&7u32.to_be_bytes()); // GO
-        let data_len = 4 + export.len() + 2;
-        opt.extend_from_slice(&(data_len as u32).to_be_bytes());
-        opt.extend_from_slice(&(export.len() as u32).to_be_bytes());
-        opt.extend_from_slice(export.as_bytes());
-        opt.extend_from_slice(&0u16.to_be_bytes());
-        s.write_all(&opt)?;
-        let mut size = 0;
-        loop {
-            let mut head = [0u8; 20];
-            s.read_exact(&mut head)?;
-            let kind = u32::from_be_bytes(head[12..16].try_into().unwrap());
-            let len = u32::from_be_bytes(head[16..20].try_into().unwrap()) as usize;
-            let mut data = vec![0u8; len];
-            s.read_exact(&mut data)?;
-            match kind {
-                1 => break, // ACK
-                3 if u16::from_be_bytes([data[0], data[1]]) == 0 => {
-                    size = u64::from_be_bytes(data[2..10].try_into().unwrap())
-                }
-                3 => {}
-                _ => return Err(std::io::Error::other(format!("GO refused: reply type {kind:#x}"))),
-            }
-        }
-        Ok(NbdClient { stream: s, size })
+        let mut stream = std::os::unix::net::UnixStream::connect(socket)?;
+        stream.set_read_timeout(Some(Duration::from_secs(20)))?;
+        let size = nbd_wire::handshake(&mut stream, export)?;
+        Ok(NbdClient { stream, size })
     }
 
     /// Sends one request; returns the reply's error code and read data.
     pub fn request(&mut self, kind: u16, offset: u64, length: u32, data: &[u8]) -> std::io::Result<(u32, Vec<u8>)> {
-        use std::io::{Read, Write};
-        let mut req = Vec::with_capacity(28 + data.len());
-        req.extend_from_slice(&0x2560_9513u32.to_be_bytes());
-        req.extend_from_slice(&0u16.to_be_bytes());
-        req.extend_from_slice(&kind.to_be_bytes());
-        req.extend_from_slice(&42u64.to_be_bytes());
-        req.extend_from_slice(&offset.to_be_bytes());
-        req.extend_from_slice(&length.to_be_bytes());
-        req.extend_from_slice(data);
-        self.stream.write_all(&req)?;
-        let mut head = [0u8; 16];
-        self.stream.read_exact(&mut head)?;
-        assert_eq!(u32::from_be_bytes(head[..4].try_into().unwrap()), 0x6744_6698, "simple reply magic");
-        let error = u32::from_be_bytes(head[4..8].try_into().unwrap());
-        let mut out = Vec::new();
-        if kind == 0 && error == 0 {
-            out = vec![0u8; length as usize];
-            self.stream.read_exact(&mut out)?;
-        }
-        Ok((error, out))
+        nbd_wire::request(&mut self.stream, 42, kind, offset, length, data)
     }
 }
 

@@ -8,7 +8,7 @@ use ironhorn_proto::instance::Instance;
 use ironhorn_proto::instance::ListRequest;
 use ironhorn_proto::instance::instance_manager_client::InstanceManagerClient;
 use ironhorn_proto::replica::faults_client::FaultsClient;
-use ironhorn_proto::replica::{ArmFaultRequest, ClearFaultsRequest, FaultAction, FaultOp};
+use ironhorn_proto::replica::{ArmFaultRequest, ClearFaultsRequest, FaultAction, FaultOp, FaultState};
 
 use super::faults;
 use super::rng::Rng;
@@ -38,6 +38,19 @@ pub struct Replica {
     pub name: String,
     pub node: String,
     pub address: String,
+}
+
+/// One call to the fault-injection API of the replica at `address`: how
+/// many times its armed faults fired.
+fn faults_call<F, Fut>(address: &str, call: F) -> Result<u64, String>
+where
+    F: FnOnce(FaultsClient<tonic::transport::Channel>) -> Fut,
+    Fut: std::future::Future<Output = Result<tonic::Response<FaultState>, tonic::Status>>,
+{
+    runtime().block_on(async {
+        let c = FaultsClient::connect(format!("http://{address}")).await.map_err(|e| e.to_string())?;
+        Ok(call(c).await.map_err(|e| e.to_string())?.into_inner().fired)
+    })
 }
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -224,25 +237,16 @@ impl Ctx {
             times,
             delay_ms,
         };
-        runtime().block_on(async {
-            let mut c = FaultsClient::connect(format!("http://{address}")).await.map_err(|e| e.to_string())?;
-            Ok(c.arm(request).await.map_err(|e| e.to_string())?.into_inner().fired)
-        })
+        faults_call(address, |mut c| async move { c.arm(request).await })
     }
 
     /// How many times the faults armed in replica `address` fired.
     pub fn faults_fired(&self, address: &str) -> Result<u64, String> {
-        runtime().block_on(async {
-            let mut c = FaultsClient::connect(format!("http://{address}")).await.map_err(|e| e.to_string())?;
-            Ok(c.state(ClearFaultsRequest {}).await.map_err(|e| e.to_string())?.into_inner().fired)
-        })
+        faults_call(address, |mut c| async move { c.state(ClearFaultsRequest {}).await })
     }
 
     pub fn clear_faults(&self, address: &str) -> Result<(), String> {
-        runtime().block_on(async {
-            let mut c = FaultsClient::connect(format!("http://{address}")).await.map_err(|e| e.to_string())?;
-            c.clear(ClearFaultsRequest {}).await.map_err(|e| e.to_string()).map(drop)
-        })
+        faults_call(address, |mut c| async move { c.clear(ClearFaultsRequest {}).await }).map(drop)
     }
 
     /// The workload has `n` more writes acknowledged, still running.

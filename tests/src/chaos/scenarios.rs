@@ -295,14 +295,28 @@ fn kill_node(ctx: &mut Ctx) -> Result<(), String> {
     ctx.in_flight(100).map(drop)
 }
 
-fn partition_replica(ctx: &mut Ctx) -> Result<(), String> {
+/// Puts a network fault on one replica's node (`fault` gets its namespace
+/// and the engine node's address), holds it under load — from when the
+/// volume shows it, when it `degrades` the volume — and lifts it.
+fn on_replica_node(
+    ctx: &mut Ctx,
+    degrades: bool,
+    fault: impl FnOnce(&mut Ctx, &str, &str) -> Result<(), String>,
+) -> Result<Replica, String> {
     let (r, ns) = replica_node(ctx)?;
     let engine_ip = ctx.node_ip(ENGINE_NODE)?;
-    faults::partition(&ns, &engine_ip)?;
-    ctx.wait_degraded()?;
+    fault(ctx, &ns, &engine_ip)?;
+    if degrades {
+        ctx.wait_degraded()?;
+    }
     ctx.in_flight(100)?;
     ctx.hold();
     faults::heal(&ns)?;
+    Ok(r)
+}
+
+fn partition_replica(ctx: &mut Ctx) -> Result<(), String> {
+    let r = on_replica_node(ctx, true, |_, ns, engine| faults::partition(ns, engine))?;
     // The replica comes back with a delta rebuild: only what was written
     // while it was away is copied, not the volume.
     ctx.wait_healthy(Duration::from_secs(120))?;
@@ -326,9 +340,8 @@ fn manager_cut(ctx: &mut Ctx) -> Result<(), String> {
     let epoch = ctx.engine_epoch(&name)?;
     faults::partition(&ns, &manager)?;
     // The volume keeps serving while the manager cannot reach its node.
-    let hold = ctx.duration;
     let served = ctx.workload.wait_acked(1, Duration::from_secs(30));
-    std::thread::sleep(hold);
+    ctx.hold();
     let more = ctx.in_flight(100);
     faults::heal(&ns)?;
     served.and(more).map_err(|e| format!("writes stopped while the manager was cut off: {e}"))?;
@@ -337,31 +350,20 @@ fn manager_cut(ctx: &mut Ctx) -> Result<(), String> {
 }
 
 fn one_way_partition(ctx: &mut Ctx) -> Result<(), String> {
-    let (_, ns) = replica_node(ctx)?;
-    let engine_ip = ctx.node_ip(ENGINE_NODE)?;
-    faults::partition_one_way(&ns, &engine_ip)?;
-    ctx.wait_degraded()?;
-    ctx.in_flight(100)?;
-    ctx.hold();
-    faults::heal(&ns)
+    on_replica_node(ctx, true, |_, ns, engine| faults::partition_one_way(ns, engine)).map(drop)
 }
 
 fn slow_link(ctx: &mut Ctx) -> Result<(), String> {
-    let (_, ns) = replica_node(ctx)?;
-    let latency = ctx.rng.between(150, 250) as u32;
-    ctx.note(format!("link queue {latency} ms"));
-    faults::slow_link(&ns, 20_000, latency)?;
-    ctx.in_flight(100)?;
-    ctx.hold();
-    faults::heal(&ns)
+    on_replica_node(ctx, false, |c, ns, _| {
+        let latency = c.rng.between(150, 250) as u32;
+        c.note(format!("link queue {latency} ms"));
+        faults::slow_link(ns, 20_000, latency)
+    })
+    .map(drop)
 }
 
 fn packet_loss(ctx: &mut Ctx) -> Result<(), String> {
-    let (_, ns) = replica_node(ctx)?;
-    faults::packet_loss(&ns, 10)?;
-    ctx.in_flight(100)?;
-    ctx.hold();
-    faults::heal(&ns)
+    on_replica_node(ctx, false, |_, ns, _| faults::packet_loss(ns, 10)).map(drop)
 }
 
 fn link_flap(ctx: &mut Ctx) -> Result<(), String> {
