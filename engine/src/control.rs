@@ -62,6 +62,7 @@ pub fn status_message(s: volume::VolumeStatus) -> StatusResponse {
             .collect(),
         fenced: s.fenced,
         out_of_space: s.out_of_space,
+        unflushed_bytes: s.unflushed_bytes,
     }
 }
 

@@ -146,6 +146,7 @@ fn print_status(s: StatusResponse) {
     let json = serde_json::json!({
         "volume": s.volume, "size_bytes": s.size_bytes, "epoch": s.epoch, "frontends": s.frontends,
         "replicas": replicas, "rebuilds": rebuilds, "fenced": s.fenced, "out_of_space": s.out_of_space,
+        "unflushed_bytes": s.unflushed_bytes,
     });
     ironhorn_proto::say!("{}", serde_json::to_string_pretty(&json).expect("json"));
 }

@@ -20,18 +20,60 @@ pub(super) struct DirtyMap {
 pub(super) struct Unflushed {
     pub(super) in_flight: HashMap<u64, u32>,
     pub(super) current: BTreeSet<u64>,
-    pub(super) flushing: HashMap<u64, BTreeSet<u64>>,
-    pub(super) next_flush: u64,
+    flushing: HashMap<u64, Flushing>,
+    next_flush: u64,
+}
+
+/// A flush in flight: the chunks it covers, and the stores that have
+/// already made them durable (they answered it; others may still be slow).
+struct Flushing {
+    chunks: BTreeSet<u64>,
+    durable_on: Vec<u64>,
 }
 
 impl Unflushed {
-    pub(super) fn all(&self) -> BTreeSet<u64> {
+    /// What the replica with store `store` may lose if it crashes now:
+    /// everything unflushed, less the flushes in flight it has answered.
+    pub(super) fn missed_by(&self, store: u64) -> BTreeSet<u64> {
         let mut out = self.current.clone();
         out.extend(self.in_flight.keys().copied());
-        for set in self.flushing.values() {
-            out.extend(set.iter().copied());
+        for f in self.flushing.values().filter(|f| !f.durable_on.contains(&store)) {
+            out.extend(f.chunks.iter().copied());
         }
         out
+    }
+
+    /// How many chunks no completed flush covers.
+    pub(super) fn len(&self) -> u64 {
+        let mut all = self.current.clone();
+        all.extend(self.in_flight.keys().copied());
+        all.extend(self.flushing.values().flat_map(|f| f.chunks.iter().copied()));
+        all.len() as u64
+    }
+
+    /// A flush is sent: it covers the writes completed so far.
+    pub(super) fn begin_flush(&mut self) -> u64 {
+        let id = self.next_flush;
+        self.next_flush += 1;
+        let chunks = std::mem::take(&mut self.current);
+        self.flushing.insert(id, Flushing { chunks, durable_on: Vec::new() });
+        id
+    }
+
+    /// The replica with store `store` answered flush `id`.
+    pub(super) fn flushed_on(&mut self, id: u64, store: u64) {
+        if let Some(f) = self.flushing.get_mut(&id) {
+            f.durable_on.push(store);
+        }
+    }
+
+    /// Flush `id` is over. When no RW replica took it, what it covered is
+    /// unflushed again.
+    pub(super) fn end_flush(&mut self, id: u64, took_effect: bool) {
+        let covered = self.flushing.remove(&id).map(|f| f.chunks).unwrap_or_default();
+        if !took_effect {
+            self.current.extend(covered);
+        }
     }
 
     pub(super) fn start(&mut self, chunks: std::ops::Range<u64>) {
@@ -67,13 +109,28 @@ mod tests {
         u.start(5..6); // write B in flight
         u.complete(0..2); // A done
         // Flush sent now: it covers A, not B.
-        let covered = std::mem::take(&mut u.current);
-        u.flushing.insert(0, covered);
-        assert_eq!(u.all(), BTreeSet::from([0, 1, 5]));
-        u.flushing.remove(&0); // flush done
-        assert_eq!(u.all(), BTreeSet::from([5]), "B is still unflushed");
+        let id = u.begin_flush();
+        assert_eq!(u.missed_by(7), BTreeSet::from([0, 1, 5]));
+        u.end_flush(id, true);
+        assert_eq!(u.missed_by(7), BTreeSet::from([5]), "B is still unflushed");
         u.complete(5..6);
-        assert_eq!(u.all(), BTreeSet::from([5]));
+        assert_eq!(u.missed_by(7), BTreeSet::from([5]));
         assert!(u.in_flight.is_empty());
+    }
+
+    /// A replica that answered a flush still waiting on a slower one has
+    /// those writes durable: failing it now does not mark them as missed.
+    /// The slow one has not, and a flush no RW replica took covers nothing.
+    #[test]
+    fn a_flush_answered_by_one_replica_covers_it_before_the_others_answer() {
+        let mut u = Unflushed::default();
+        u.start(0..3);
+        u.complete(0..3);
+        let id = u.begin_flush();
+        u.flushed_on(id, 1);
+        assert_eq!(u.missed_by(1), BTreeSet::new());
+        assert_eq!(u.missed_by(2), BTreeSet::from([0, 1, 2]));
+        u.end_flush(id, false);
+        assert_eq!(u.missed_by(1), BTreeSet::from([0, 1, 2]), "not taken: unflushed again");
     }
 }

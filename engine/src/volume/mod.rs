@@ -142,6 +142,8 @@ pub struct VolumeStatus {
     /// The last write was refused because every RW replica was out of
     /// space (cleared by the next write that lands).
     pub out_of_space: bool,
+    /// Written chunks no completed flush covers yet, in bytes.
+    pub unflushed_bytes: u64,
 }
 
 pub struct Volume {
@@ -454,7 +456,7 @@ impl Volume {
         }
         // It may have lost whatever it acknowledged but did not flush. A
         // replica failing mid-rebuild has an unknown amount left to copy.
-        let chunks = self.unflushed.lock().expect("unflushed").all();
+        let chunks = self.unflushed.lock().expect("unflushed").missed_by(replica.store_id);
         dirty.insert(replica.store_id, DirtyMap { chunks, complete: was == Mode::RW });
         replica.set(Mode::ERR, why);
         tracing::error!(replica = %replica.address, was = ?was, reason = why, "replica failed");
@@ -483,12 +485,7 @@ impl Volume {
             // Book-keeping first, so a replica failing from now on finds
             // this request in its dirty map.
             let flush_id = if op == IoOp::Flush {
-                let mut u = self.unflushed.lock().expect("unflushed");
-                let id = u.next_flush;
-                u.next_flush += 1;
-                let covered = std::mem::take(&mut u.current);
-                u.flushing.insert(id, covered);
-                Some(id)
+                Some(self.unflushed.lock().expect("unflushed").begin_flush())
             } else {
                 self.mark_dirty(offset, length, None);
                 None
@@ -519,7 +516,17 @@ impl Volume {
                 .collect();
             (targets, pending, flush_id)
         };
-        let results = join_all(pending.into_iter().map(|p| p.wait())).await;
+        // A replica's answer to a flush is recorded as it comes: if it
+        // fails while a slower one is still flushing, what it made durable
+        // is not counted as missed.
+        let results = join_all(pending.into_iter().zip(&targets).map(|(p, (replica, _))| async move {
+            let result = p.wait().await;
+            if let (Some(id), Ok(_)) = (flush_id, &result) {
+                self.unflushed.lock().expect("unflushed").flushed_on(id, replica.store_id);
+            }
+            result
+        }))
+        .await;
         if flush_id.is_none() {
             let chunks = offset / CHUNK..(offset + length).div_ceil(CHUNK);
             if self.unflushed.lock().expect("unflushed").complete(chunks) {
@@ -571,11 +578,7 @@ impl Volume {
         }
         if let Some(id) = flush_id {
             // Replicas that failed this flush captured its set above.
-            let mut u = self.unflushed.lock().expect("unflushed");
-            let covered = u.flushing.remove(&id).unwrap_or_default();
-            if rw_ok == 0 {
-                u.current.extend(covered);
-            }
+            self.unflushed.lock().expect("unflushed").end_flush(id, rw_ok > 0);
         }
         if refused_for_space {
             self.out_of_space.store(true, Ordering::SeqCst);
@@ -712,6 +715,7 @@ impl Volume {
             rebuilds: self.rebuilds.lock().expect("rebuilds").iter().cloned().collect(),
             fenced: self.fenced.load(Ordering::SeqCst),
             out_of_space: self.out_of_space.load(Ordering::SeqCst),
+            unflushed_bytes: self.unflushed.lock().expect("unflushed").len() * CHUNK,
         }
     }
 
