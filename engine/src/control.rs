@@ -63,6 +63,22 @@ pub fn status_message(s: volume::VolumeStatus) -> StatusResponse {
         fenced: s.fenced,
         out_of_space: s.out_of_space,
         unflushed_bytes: s.unflushed_bytes,
+        scrub: Some(scrub_message(s.scrub)),
+        bad_blocks_found: s.bad_blocks_found,
+        bad_blocks_repaired: s.bad_blocks_repaired,
+    }
+}
+
+fn scrub_message(s: volume::ScrubStatus) -> ScrubStatus {
+    ScrubStatus {
+        state: s.state,
+        checked_bytes: s.checked_bytes,
+        total_bytes: s.total_bytes,
+        bad_blocks: s.bad_blocks,
+        repaired_blocks: s.repaired_blocks,
+        error: s.error,
+        started_unix_ms: s.started_unix_ms,
+        finished_unix_ms: s.finished_unix_ms,
     }
 }
 
@@ -144,6 +160,10 @@ impl Engine for EngineService {
                 })?;
         }
         Ok(Response::new(status_message(self.volume.status())))
+    }
+
+    async fn scrub(&self, _: Request<ScrubRequest>) -> Result<Response<ScrubStatus>, Status> {
+        Ok(Response::new(scrub_message(self.volume.start_scrub().map_err(status)?)))
     }
 
     async fn metrics(&self, _: Request<MetricsRequest>) -> Result<Response<MetricsResponse>, Status> {

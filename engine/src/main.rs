@@ -71,6 +71,15 @@ enum Command {
         #[command(subcommand)]
         action: SnapshotAction,
     },
+    /// Read back every block of every RW replica and repair bad ones from
+    /// a healthy replica; prints the scrub's state (with --wait, once it
+    /// ended).
+    Scrub {
+        #[arg(long)]
+        engine: String,
+        #[arg(long)]
+        wait: bool,
+    },
     /// Grow the volume.
     Expand {
         #[arg(long)]
@@ -146,9 +155,18 @@ fn print_status(s: StatusResponse) {
     let json = serde_json::json!({
         "volume": s.volume, "size_bytes": s.size_bytes, "epoch": s.epoch, "frontends": s.frontends,
         "replicas": replicas, "rebuilds": rebuilds, "fenced": s.fenced, "out_of_space": s.out_of_space,
-        "unflushed_bytes": s.unflushed_bytes,
+        "unflushed_bytes": s.unflushed_bytes, "scrub": s.scrub.map(scrub_json),
+        "bad_blocks_found": s.bad_blocks_found, "bad_blocks_repaired": s.bad_blocks_repaired,
     });
     ironhorn_proto::say!("{}", serde_json::to_string_pretty(&json).expect("json"));
+}
+
+fn scrub_json(s: ScrubStatus) -> serde_json::Value {
+    serde_json::json!({
+        "state": s.state, "checked_bytes": s.checked_bytes, "total_bytes": s.total_bytes,
+        "bad_blocks": s.bad_blocks, "repaired_blocks": s.repaired_blocks, "error": s.error,
+        "started_unix_ms": s.started_unix_ms, "finished_unix_ms": s.finished_unix_ms,
+    })
 }
 
 fn print_snapshots(l: SnapshotListResponse) {
@@ -234,6 +252,16 @@ async fn drive(command: Command) -> Result<(), String> {
                 }
             };
             print_snapshots(list.map_err(fail)?.into_inner());
+            Ok(())
+        }
+        Command::Scrub { engine, wait } => {
+            let mut c = client(&engine).await?;
+            let mut s = c.scrub(ScrubRequest {}).await.map_err(fail)?.into_inner();
+            while wait && s.state == "running" {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                s = c.status(StatusRequest {}).await.map_err(fail)?.into_inner().scrub.unwrap_or_default();
+            }
+            ironhorn_proto::say!("{}", serde_json::to_string_pretty(&scrub_json(s)).expect("json"));
             Ok(())
         }
         Command::Expand { engine, size } => {

@@ -32,6 +32,9 @@ pub enum ReplicaError {
     /// The replica's store has no room for the request. Its data is intact
     /// and it still serves reads.
     NoSpace(String),
+    /// A block the replica read back failed its checksum: that copy is bad,
+    /// the replica is otherwise fine (the block is repaired in place).
+    Corrupt(String),
     /// Anything that makes the replica unusable: I/O error, no space,
     /// timeout, broken connection.
     Failed(String),
@@ -42,7 +45,7 @@ impl std::fmt::Display for ReplicaError {
         match self {
             Self::Invalid(m) => write!(f, "invalid request: {m}"),
             Self::Fenced(m) => write!(f, "fenced: {m}"),
-            Self::NoSpace(m) => write!(f, "{m}"),
+            Self::NoSpace(m) | Self::Corrupt(m) => write!(f, "{m}"),
             Self::Failed(m) => write!(f, "{m}"),
         }
     }
@@ -190,6 +193,7 @@ impl Pending {
             Ok(IoStatus::InvalidArgument) => Err(ReplicaError::Invalid(resp.message)),
             Ok(IoStatus::Fenced) => Err(ReplicaError::Fenced(resp.message)),
             Ok(IoStatus::OutOfSpace) => Err(ReplicaError::NoSpace(resp.message)),
+            Ok(IoStatus::DataLoss) => Err(ReplicaError::Corrupt(resp.message)),
             _ => Err(ReplicaError::Failed(resp.message)),
         }
     }

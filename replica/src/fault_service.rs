@@ -7,21 +7,28 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ironhorn_proto::replica::faults_server::{Faults as FaultsRpc, FaultsServer};
-use ironhorn_proto::replica::{self as pb, ArmFaultRequest, ClearFaultsRequest, FaultState};
+use ironhorn_proto::replica::{
+    self as pb, ArmFaultRequest, ClearFaultsRequest, FaultState, FlipBitsRequest, FlipBitsResponse,
+};
 use tonic::{Request, Response, Status};
 
 use crate::faults::{Fault, FaultAction, FaultOp, Faults};
+use crate::store::Store;
 
 /// Longest delay a fault may add to one operation.
 const MAX_DELAY: Duration = Duration::from_secs(60);
 
+/// Most blocks one FlipBits call may damage.
+const MAX_FLIPS: u32 = 4096;
+
 pub struct FaultService {
     faults: Arc<Faults>,
+    store: Arc<Store>,
 }
 
 impl FaultService {
-    pub fn new(faults: Arc<Faults>) -> FaultsServer<Self> {
-        FaultsServer::new(Self { faults })
+    pub fn new(store: Arc<Store>) -> FaultsServer<Self> {
+        FaultsServer::new(Self { faults: store.faults(), store })
     }
 }
 
@@ -72,6 +79,16 @@ impl FaultsRpc for FaultService {
 
     async fn state(&self, _: Request<ClearFaultsRequest>) -> Result<Response<FaultState>, Status> {
         Ok(Response::new(FaultState { fired: self.faults.fired() }))
+    }
+
+    async fn flip_bits(&self, request: Request<FlipBitsRequest>) -> Result<Response<FlipBitsResponse>, Status> {
+        let r = request.into_inner();
+        if r.blocks == 0 || r.blocks > MAX_FLIPS {
+            return Err(Status::invalid_argument(format!("blocks must be 1 to {MAX_FLIPS}, not {}", r.blocks)));
+        }
+        let flipped =
+            self.store.flip_bits(r.blocks as usize, r.seed, r.offset, r.length).await.map_err(crate::server::status)?;
+        Ok(Response::new(FlipBitsResponse { flipped: flipped.into_iter().map(crate::server::bad_block).collect() }))
     }
 }
 

@@ -47,7 +47,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     let faults = config.fault_injection.then(|| {
         tracing::warn!("fault injection is on: any client can fail this replica's disk");
-        fault_service::FaultService::new(store.faults())
+        fault_service::FaultService::new(store.clone())
     });
     let router = tonic::transport::Server::builder()
         .max_frame_size(ironhorn_proto::batch::H2_MAX_FRAME)

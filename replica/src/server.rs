@@ -34,7 +34,7 @@ impl ReplicaService {
     }
 }
 
-fn status(e: StoreError) -> Status {
+pub(crate) fn status(e: StoreError) -> Status {
     let msg = e.to_string();
     match e {
         StoreError::InvalidArgument(_) | StoreError::SizeMismatch { .. } => Status::invalid_argument(msg),
@@ -55,7 +55,8 @@ fn io_status(e: &StoreError) -> IoStatus {
         | StoreError::AlreadyExists(_) => IoStatus::InvalidArgument,
         StoreError::Fenced { .. } => IoStatus::Fenced,
         StoreError::OutOfSpace { .. } | StoreError::DeviceFull { .. } => IoStatus::OutOfSpace,
-        StoreError::Checksum { .. } | StoreError::Io { .. } | StoreError::Corrupt(_) => IoStatus::IoError,
+        StoreError::Checksum { .. } => IoStatus::DataLoss,
+        StoreError::Io { .. } | StoreError::Corrupt(_) => IoStatus::IoError,
         StoreError::Failed(_) | StoreError::NotAStore(_) => IoStatus::Unavailable,
     }
 }
@@ -76,6 +77,10 @@ fn info_response(info: StoreInfo) -> InfoResponse {
         stamp_epoch: info.stamp.epoch,
         stamp_sequence: info.stamp.sequence,
     }
+}
+
+pub fn bad_block(b: crate::store::BadBlock) -> BadBlock {
+    BadBlock { layer: b.layer, offset: b.offset }
 }
 
 fn snapshot_message(s: SnapshotInfo) -> Snapshot {
@@ -287,6 +292,15 @@ impl Replica for ReplicaService {
         request: Request<LayerInsertRequest>,
     ) -> Result<Response<SnapshotListResponse>, Status> {
         self.layer_insert_impl(request.into_inner()).await.map(Response::new)
+    }
+
+    async fn scrub(&self, request: Request<ScrubRequest>) -> Result<Response<ScrubResponse>, Status> {
+        let r = request.into_inner();
+        let report = self.store.scrub(r.offset, r.length).await.map_err(status)?;
+        Ok(Response::new(ScrubResponse {
+            bad: report.bad.into_iter().map(bad_block).collect(),
+            checked_bytes: report.checked_bytes,
+        }))
     }
 
     async fn write_layer(&self, request: Request<WriteLayerRequest>) -> Result<Response<WriteLayerResponse>, Status> {

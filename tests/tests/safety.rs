@@ -12,7 +12,10 @@
 use std::path::Path;
 
 use ironhorn_proto::replica::faults_client::FaultsClient;
-use ironhorn_proto::replica::{ArmFaultRequest, ClearFaultsRequest, FaultAction, FaultOp};
+use ironhorn_proto::replica::replica_client::ReplicaClient;
+use ironhorn_proto::replica::{
+    ArmFaultRequest, ClearFaultsRequest, FaultAction, FaultOp, FlipBitsRequest, ReadLayerRequest, ScrubRequest,
+};
 use ironhorn_tests::*;
 
 const SIZE: &str = "64MiB";
@@ -326,4 +329,98 @@ fn replicas_whose_disk_fails_a_write_or_a_sync_are_failed_alone_and_nothing_ackn
     let plain = replica(dir.path(), "plain");
     let refused = arm_fault(&plain.address, FaultOp::Write, FaultAction::Eio).expect_err("fault injection is off");
     assert_eq!(refused.code(), tonic::Code::Unimplemented);
+}
+
+/// Flips one bit in each of `blocks` data blocks of a replica started with
+/// --fault-injection; returns (layer, offset) of each.
+fn flip_bits(address: &str, blocks: u32, seed: u64) -> Vec<(String, u64)> {
+    runtime().block_on(async {
+        let mut c = FaultsClient::connect(format!("http://{address}")).await.expect("connect to the replica");
+        let request = FlipBitsRequest { blocks, seed, offset: 0, length: 0 };
+        let flipped = c.flip_bits(request).await.expect("flip bits").into_inner().flipped;
+        flipped.into_iter().map(|b| (b.layer, b.offset)).collect()
+    })
+}
+
+/// What the replica's own scrub finds now, and its merged view of `layer`.
+fn replica_scrub_and_view(address: &str, layer: &str, length: u64) -> (usize, Vec<u8>) {
+    runtime().block_on(async {
+        let mut c = ReplicaClient::connect(format!("http://{address}")).await.expect("connect to the replica");
+        let bad = c.scrub(ScrubRequest { offset: 0, length: 64 << 20 }).await.expect("scrub").into_inner().bad;
+        let read = ReadLayerRequest { layer: layer.into(), offset: 0, length, merged: true };
+        let view = c.read_layer(read).await.expect("read layer").into_inner().data;
+        (bad.len(), view.to_vec())
+    })
+}
+
+/// Bit rot in one of three replicas, in the head and in a snapshot: reads
+/// of the bad blocks return good data from another replica and queue them
+/// for repair; a scrub finds the rest; every bad block is rewritten in
+/// place from a healthy copy and the replica never leaves RW (no rebuild).
+/// Afterwards the replica's own scrub finds nothing and its head and
+/// snapshot read the same bytes as a healthy replica's.
+#[test]
+fn flipped_bits_in_one_replica_are_repaired_in_place_by_reads_and_a_scrub() {
+    require_root();
+    let dir = TempDir::new("safety-rot");
+    let r: Vec<Process> = (0..3)
+        .map(|i| {
+            let store = format!("file:{}", dir.path().join(format!("b{i}.img")).display());
+            start_replica(&format!("b{i}"), &store, SIZE, dir.path(), &["--fault-injection"]).expect("replica")
+        })
+        .collect();
+    let e = engine(dir.path(), "rot", 1, &[&r[0], &r[1], &r[2]], &[]);
+    let mut client = nbd(dir.path(), "rot");
+    for block in 0..256 {
+        write_block(&mut client, block, 1);
+    }
+    flush(&mut client);
+    engine_cli(&["snapshot", "create", "--engine", &e.address, "before"]).expect("snapshot");
+    for block in 128..384 {
+        write_block(&mut client, block, 2);
+    }
+    flush(&mut client);
+    let bad = r[0].address.clone();
+    let flipped = flip_bits(&bad, 24, 7);
+    assert_eq!(flipped.len(), 24);
+    assert!(flipped.iter().any(|(layer, _)| layer == "before"), "some in the snapshot: {flipped:?}");
+    assert!(flipped.iter().any(|(layer, _)| layer.is_empty()), "some in the head: {flipped:?}");
+
+    // Every block read three times (reads go round robin): all good.
+    for _ in 0..3 {
+        for block in 0..384 {
+            let want = if block >= 128 { 2 } else { 1 };
+            assert_eq!(read_version(&mut client, block), Some(want), "block {block}");
+        }
+    }
+    // The reads queued their bad blocks for repair: wait until some were.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while engine_status(&e)["bad_blocks_repaired"].as_u64().unwrap() == 0 {
+        assert!(std::time::Instant::now() < deadline, "reads met no bad block: {}", engine_status(&e));
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let scrub: serde_json::Value =
+        serde_json::from_str(&engine_cli(&["scrub", "--engine", &e.address, "--wait"]).expect("scrub")).unwrap();
+    assert_eq!(scrub["state"], "done", "{scrub}");
+    assert_eq!(scrub["checked_bytes"].as_u64(), Some(3 * (256 + 256) * BLOCK), "every block of all 3: {scrub}");
+    let status = engine_status(&e);
+    assert_eq!(status["bad_blocks_found"].as_u64(), Some(24), "reads and the scrub found each once: {status}");
+    assert_eq!(status["bad_blocks_repaired"].as_u64(), Some(24), "{status}");
+    // Blocks of the snapshot the head shadows are never read: only the
+    // scrub finds those.
+    let shadowed = flipped.iter().filter(|(layer, offset)| layer == "before" && *offset >= 128 * BLOCK).count();
+    assert!(shadowed == 0 || scrub["bad_blocks"].as_u64() >= Some(shadowed as u64), "{flipped:?} {scrub}");
+    let modes = replica_modes(&status);
+    assert!(modes.values().all(|m| m == "RW"), "no replica failed: {modes:?}");
+    assert!(status["rebuilds"].as_array().unwrap().is_empty(), "nothing rebuilt: {status}");
+
+    let again: serde_json::Value =
+        serde_json::from_str(&engine_cli(&["scrub", "--engine", &e.address, "--wait"]).expect("scrub")).unwrap();
+    assert_eq!(again["bad_blocks"], 0, "{again}");
+    for layer in ["", "before"] {
+        let (found, view) = replica_scrub_and_view(&bad, layer, 2 << 20);
+        let (_, good) = replica_scrub_and_view(&r[1].address, layer, 2 << 20);
+        assert_eq!(found, 0, "the replica's own scrub finds nothing");
+        assert!(view == good, "layer {layer:?} of the repaired replica equals a healthy one's");
+    }
 }

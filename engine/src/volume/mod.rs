@@ -41,9 +41,12 @@ mod admin;
 mod bookkeeping;
 mod compare;
 mod rebuild;
+mod repair;
 
 use bookkeeping::{DirtyMap, Unflushed};
 use compare::{content_digest, same_data};
+pub use repair::ScrubStatus;
+use repair::{Integrity, RepairJob};
 
 pub const BLOCK: u64 = 4096;
 /// Granularity of dirty maps and rebuild comparisons.
@@ -144,6 +147,9 @@ pub struct VolumeStatus {
     pub out_of_space: bool,
     /// Written chunks no completed flush covers yet, in bytes.
     pub unflushed_bytes: u64,
+    pub scrub: ScrubStatus,
+    pub bad_blocks_found: u64,
+    pub bad_blocks_repaired: u64,
 }
 
 pub struct Volume {
@@ -184,6 +190,10 @@ pub struct Volume {
     /// Writes and flushes fail unless at least this many RW replicas took
     /// them (0 or 1: any one suffices, as in Longhorn).
     min_write_acks: AtomicUsize,
+    /// Bad blocks found and repaired, and the last scrub.
+    integrity: Mutex<Integrity>,
+    /// Ranges of replicas that read back bad, for the repair worker.
+    repairs: tokio::sync::mpsc::Sender<RepairJob>,
 }
 
 /// A data request to a replica's stream (its id is set when enqueued).
@@ -200,7 +210,7 @@ fn replica_error(address: &str, e: ReplicaError) -> VolumeError {
         ReplicaError::Invalid(m) => VolumeError::Invalid(format!("replica {address}: {m}")),
         ReplicaError::Fenced(m) => VolumeError::Fenced(format!("replica {address}: {m}")),
         ReplicaError::NoSpace(m) => VolumeError::NoSpace(format!("replica {address}: {m}")),
-        ReplicaError::Failed(m) => VolumeError::Io(format!("replica {address}: {m}")),
+        ReplicaError::Failed(m) | ReplicaError::Corrupt(m) => VolumeError::Io(format!("replica {address}: {m}")),
     }
 }
 
@@ -218,6 +228,7 @@ impl Volume {
         if size == 0 || size % BLOCK != 0 {
             return Err(VolumeError::Invalid(format!("volume size {size} must be a positive multiple of {BLOCK}")));
         }
+        let (repairs, repair_jobs) = repair::repair_queue();
         let volume = Arc::new(Volume {
             name: name.to_string(),
             epoch,
@@ -241,7 +252,10 @@ impl Volume {
             metrics: metrics::IoMetrics::default(),
             flush_sequence: AtomicU64::new(0),
             min_write_acks: AtomicUsize::new(0),
+            integrity: Mutex::new(Integrity::default()),
+            repairs,
         });
+        volume.spawn_repairs(repair_jobs);
         let mut joined: Vec<(Arc<Replica>, InfoResponse)> = Vec::new();
         let mut rebuild = Vec::new();
         for address in addresses {
@@ -682,8 +696,15 @@ impl Volume {
                     self.fenced.store(true, Ordering::SeqCst);
                     return Err(VolumeError::Fenced(m));
                 }
+                Err(ReplicaError::Corrupt(m)) => {
+                    // A block of this copy fails its checksum: the next
+                    // replica serves, and this one is repaired in place.
+                    tracing::error!(replica = %replica.address, offset, length, "bad block read: {m}");
+                    last_error = format!("replica {}: {m}", replica.address);
+                    self.queue_repair(replica, offset, length);
+                }
                 Err(e) => {
-                    // A checksum mismatch or I/O error: this copy is bad;
+                    // An I/O error: this copy is bad;
                     // the next replica serves and this one gets rebuilt,
                     // the failed range included (its metadata may look fine).
                     last_error = format!("replica {}: {e}", replica.address);
@@ -716,6 +737,9 @@ impl Volume {
             fenced: self.fenced.load(Ordering::SeqCst),
             out_of_space: self.out_of_space.load(Ordering::SeqCst),
             unflushed_bytes: self.unflushed.lock().expect("unflushed").len() * CHUNK,
+            scrub: self.scrub_status(),
+            bad_blocks_found: self.bad_blocks().0,
+            bad_blocks_repaired: self.bad_blocks().1,
         }
     }
 

@@ -32,7 +32,10 @@ use crate::io::{AlignedBuf, BackendKind};
 mod fence;
 mod meta;
 mod scan;
+mod scrub;
 mod snapshots;
+
+pub use scrub::{BadBlock, MAX_SCRUB_BYTES, ScrubReport};
 
 use meta::{Allocator, Layer, Meta, WriteTicket};
 
