@@ -63,6 +63,7 @@ pub fn router<D: Datastore>(store: D, gate: crate::leader::Gate) -> Router {
         .route("/v1/volumes/{name}/detach", post(detach::<D>))
         .route("/v1/volumes/{name}/update", post(update_volume::<D>))
         .route("/v1/volumes/{name}/expand", post(expand_volume::<D>))
+        .route("/v1/volumes/{name}/scrub", post(scrub_volume::<D>))
         .route("/v1/volumes/{name}/snapshots", get(list_snapshots::<D>).post(create_snapshot::<D>))
         .route("/v1/volumes/{name}/snapshots/{snapshot}", axum::routing::delete(delete_snapshot::<D>))
         .route("/v1/snapshots", get(list::<D, Snapshot>))
@@ -302,6 +303,23 @@ async fn detach<D: Datastore>(State(store): State<D>, Path(name): Path<String>) 
         let changed = !spec.node_id.is_empty();
         spec.node_id.clear();
         changed
+    })
+    .await
+}
+
+/// Asks for a scrub now (spec.scrubRequested + 1); the engine controller
+/// starts it. Only an attached volume has an engine to run it.
+async fn scrub_volume<D: Datastore>(State(store): State<D>, Path(name): Path<String>) -> Reply {
+    let volume = live_volume(&store, &name).await?;
+    if volume.spec.node_id.is_empty() {
+        return Err(ApiError(
+            StatusCode::CONFLICT,
+            format!("volume {name} is detached; a scrub runs in its engine: attach it first"),
+        ));
+    }
+    change_spec(&store, &name, |spec| {
+        spec.scrub_requested += 1;
+        true
     })
     .await
 }

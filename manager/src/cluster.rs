@@ -40,6 +40,8 @@ pub trait Cluster: Clone + Send + Sync + 'static {
     /// Grows the volume through its engine (every replica, then the
     /// engine's frontends).
     fn engine_expand(&self, engine: &str, size: u64) -> impl Future<Output = Result<(), String>> + Send;
+    /// Starts a scrub on the engine (a running one is left running).
+    fn engine_scrub(&self, engine: &str) -> impl Future<Output = Result<(), String>> + Send;
     /// Grows one replica's store directly (its volume has no engine).
     fn replica_expand(&self, replica: &str, size: u64, epoch: u64) -> impl Future<Output = Result<(), String>> + Send;
     /// A snapshot op on one replica of a detached volume (at `epoch`, the
@@ -161,6 +163,12 @@ impl Cluster for GrpcCluster {
             Err(s) if s.code() == tonic::Code::NotFound => Ok(()),
             Err(s) => Err(status(engine, s)),
         }
+    }
+
+    async fn engine_scrub(&self, engine: &str) -> Result<(), String> {
+        let mut client = EngineClient::new(self.channel(engine)?);
+        client.scrub(poll(ironhorn_proto::engine::ScrubRequest {})).await.map_err(|e| status(engine, e))?;
+        Ok(())
     }
 
     async fn engine_expand(&self, engine: &str, size: u64) -> Result<(), String> {

@@ -156,6 +156,10 @@ pub struct VolumeSpec {
     pub data_source: String,
     #[serde(default)]
     pub data_locality: DataLocality,
+    /// Raised by one to ask for a scrub now (`ironhorn volume scrub`): the
+    /// engine reads back every block of every replica and repairs bad ones.
+    #[serde(default)]
+    pub scrub_requested: u64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -189,6 +193,40 @@ pub struct VolumeStatus {
     /// Filling the volume from its dataSource.
     #[serde(default)]
     pub restore: RestoreStatus,
+    /// The last (or running) scrub.
+    #[serde(default)]
+    pub scrub: ScrubStatus,
+    /// Blocks found failing their checksum on a replica, and repaired in
+    /// place from a healthy one, as the running engine counts them.
+    #[serde(default)]
+    pub bad_blocks_found: u64,
+    #[serde(default)]
+    pub bad_blocks_repaired: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ScrubStatus {
+    /// "" (never ran), running, done, failed
+    #[serde(default)]
+    pub state: String,
+    /// The spec.scrubRequested value this scrub answered.
+    #[serde(default)]
+    pub requested: u64,
+    #[serde(default)]
+    pub checked_bytes: u64,
+    #[serde(default)]
+    pub total_bytes: u64,
+    #[serde(default)]
+    pub bad_blocks: u64,
+    #[serde(default)]
+    pub repaired_blocks: u64,
+    #[serde(default)]
+    pub started_at: String,
+    #[serde(default)]
+    pub finished_at: String,
+    #[serde(default)]
+    pub error: String,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

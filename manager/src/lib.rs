@@ -19,6 +19,7 @@ pub mod registration;
 pub mod replenish;
 pub mod restore;
 pub mod scheduler;
+pub mod scrub;
 pub mod settings;
 pub mod simnet;
 pub mod snapshots;

@@ -196,6 +196,14 @@ enum VolumeCommand {
         #[arg(long, default_value_t = 120)]
         timeout_secs: u64,
     },
+    /// Read back every block of every replica of an attached volume and
+    /// repair bad ones from a healthy replica; waits until the scrub ended
+    /// and prints what it found.
+    Scrub {
+        name: String,
+        #[arg(long, default_value_t = 3600)]
+        timeout_secs: u64,
+    },
     /// Delete the volume, its engine, replicas and their stores.
     Delete {
         name: String,
@@ -453,6 +461,36 @@ async fn drive(cli: Cli) -> Result<(), String> {
                     print_json(&v)
                 } else {
                     ironhorn_proto::say!("volume {name}: {want} bytes")
+                }
+                Ok(())
+            }
+            VolumeCommand::Scrub { name, timeout_secs } => {
+                let v = call(api, "POST", &format!("/v1/volumes/{name}/scrub"), None).await?;
+                let asked = v["spec"]["scrubRequested"].as_u64().unwrap_or(0);
+                let v = wait_for(api, &name, Duration::from_secs(timeout_secs), |v| {
+                    v.is_some_and(|v| {
+                        let scrub = &v["status"]["scrub"];
+                        scrub["requested"].as_u64() >= Some(asked)
+                            && (scrub["state"] == "done" || scrub["state"] == "failed")
+                    })
+                })
+                .await?
+                .unwrap_or_default();
+                let scrub = &v["status"]["scrub"];
+                if json_out {
+                    print_json(scrub)
+                } else {
+                    ironhorn_proto::say!(
+                        "volume {name}: scrub {}: {} MiB read back, {} bad block(s), {} repaired{}",
+                        s(&scrub["state"]),
+                        scrub["checkedBytes"].as_u64().unwrap_or(0) >> 20,
+                        scrub["badBlocks"].as_u64().unwrap_or(0),
+                        scrub["repairedBlocks"].as_u64().unwrap_or(0),
+                        if s(&scrub["error"]).is_empty() { String::new() } else { format!(": {}", s(&scrub["error"])) }
+                    )
+                }
+                if scrub["state"] == "failed" {
+                    return Err(format!("scrub of {name} failed: {}", s(&scrub["error"])));
                 }
                 Ok(())
             }

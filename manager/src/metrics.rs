@@ -91,6 +91,30 @@ pub fn render(volumes: &[Volume], nodes: &[Node], engine_objects: &[Engine], eng
         let _ =
             writeln!(out, "ironhorn_volume_robustness{{volume=\"{name}\"}} {}", robustness_value(&status.robustness));
     }
+    let integrity: [(&str, &str, fn(&crate::crd::VolumeStatus) -> u64); 4] = [
+        (
+            "ironhorn_volume_bad_blocks_found_total",
+            "Blocks read back failing their checksum on a replica, as the running engine counts them.",
+            |s| s.bad_blocks_found,
+        ),
+        (
+            "ironhorn_volume_bad_blocks_repaired_total",
+            "Bad blocks rewritten in place from a healthy replica, as the running engine counts them.",
+            |s| s.bad_blocks_repaired,
+        ),
+        ("ironhorn_volume_scrub_checked_bytes", "Bytes the last (or running) scrub read back.", |s| {
+            s.scrub.checked_bytes
+        }),
+        ("ironhorn_volume_scrub_bad_blocks", "Bad blocks the last (or running) scrub found.", |s| s.scrub.bad_blocks),
+    ];
+    for (metric, help, value) in integrity {
+        let kind = if metric.ends_with("_total") { "counter" } else { "gauge" };
+        header(&mut out, metric, kind, help);
+        for v in volumes {
+            let status = v.status.clone().unwrap_or_default();
+            let _ = writeln!(out, "{metric}{{volume=\"{}\"}} {}", label(&v.name_any()), value(&status));
+        }
+    }
     header(
         &mut out,
         "ironhorn_replica_mode",
@@ -206,6 +230,8 @@ mod tests {
         v.status = Some(crate::crd::VolumeStatus {
             state: "attached".into(),
             robustness: "degraded".into(),
+            bad_blocks_found: 3,
+            bad_blocks_repaired: 2,
             ..Default::default()
         });
         let m = MetricsResponse {
@@ -232,6 +258,8 @@ mod tests {
             "ironhorn_volume_size_bytes{volume=\"v1\"} 1073741824",
             "ironhorn_volume_state{volume=\"v1\"} 2",
             "ironhorn_volume_robustness{volume=\"v1\"} 2",
+            "ironhorn_volume_bad_blocks_found_total{volume=\"v1\"} 3",
+            "ironhorn_volume_bad_blocks_repaired_total{volume=\"v1\"} 2",
             "ironhorn_volume_metrics_up{volume=\"v1\"} 1",
             "ironhorn_replica_mode{volume=\"v1\",replica=\"v1-r-a\"} 1",
             "ironhorn_replica_mode{volume=\"v1\",replica=\"v1-r-b\"} 3",

@@ -111,6 +111,13 @@ pub const DEFINITIONS: &[Definition] = &[
                       of their replicas acknowledged (false: one replica is enough)",
     },
     Definition {
+        name: "scrub-interval-hours",
+        default: "168",
+        kind: Kind::Int,
+        description: "hours between scheduled scrubs of an attached, healthy volume: every block of every replica \
+                      read back and checked, bad ones repaired from a healthy replica (0: only on request)",
+    },
+    Definition {
         name: "node-heartbeat-timeout",
         default: "40",
         kind: Kind::Int,

@@ -104,6 +104,9 @@ impl Cluster for NoProcesses {
     async fn engine_replica_add(&self, _: &str, _: &str) -> Result<(), String> {
         panic!("no engine exists")
     }
+    async fn engine_scrub(&self, _: &str) -> Result<(), String> {
+        panic!("no engine exists")
+    }
     async fn engine_expand(&self, _: &str, _: u64) -> Result<(), String> {
         panic!("no engine exists")
     }

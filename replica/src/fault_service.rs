@@ -86,8 +86,11 @@ impl FaultsRpc for FaultService {
         if r.blocks == 0 || r.blocks > MAX_FLIPS {
             return Err(Status::invalid_argument(format!("blocks must be 1 to {MAX_FLIPS}, not {}", r.blocks)));
         }
-        let flipped =
-            self.store.flip_bits(r.blocks as usize, r.seed, r.offset, r.length).await.map_err(crate::server::status)?;
+        let flipped = self
+            .store
+            .flip_bits(r.blocks as usize, r.seed, r.offset, r.length, r.sealed_only)
+            .await
+            .map_err(crate::server::status)?;
         Ok(Response::new(FlipBitsResponse { flipped: flipped.into_iter().map(crate::server::bad_block).collect() }))
     }
 }

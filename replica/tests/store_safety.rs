@@ -231,10 +231,16 @@ fn a_scrub_finds_flipped_bits_in_every_layer_and_write_layer_repairs_them() {
             store.write(1, n * BLOCK_U64, &block_of(n, 2), false).await.unwrap();
         }
         store.flush().await.unwrap();
+        let sealed = store.flip_bits(2, 9, 0, 0, true).await.unwrap();
+        assert!(sealed.iter().all(|b| b.layer == "s1"), "only the snapshot's blocks: {sealed:?}");
+        for b in &sealed {
+            let n = b.offset / BLOCK_U64;
+            store.write_layer(1, "s1", b.offset, &block_of(n, 1)).await.unwrap();
+        }
         let clean = store.scrub(0, 256 * BLOCK_U64).await.unwrap();
         assert!(clean.bad.is_empty());
         assert_eq!(clean.checked_bytes, 64 * BLOCK_U64, "32 blocks in s1, 32 in the head");
-        let flipped = store.flip_bits(6, 42, 0, 0).await.unwrap();
+        let flipped = store.flip_bits(6, 42, 0, 0, false).await.unwrap();
         assert_eq!(flipped.len(), 6);
         let mut found = store.scrub(0, 256 * BLOCK_U64).await.unwrap().bad;
         let mut expected = flipped.clone();
@@ -266,7 +272,7 @@ fn a_scrub_finds_flipped_bits_in_every_layer_and_write_layer_repairs_them() {
             let got = store.read_snapshot("s1", n * BLOCK_U64, BLOCK_U64).await.unwrap();
             assert_eq!(&got[..], &block_of(n, 1)[..], "s1 block {n}");
         }
-        assert!(store.flip_bits(1, 1, 200 * BLOCK_U64, 8 * BLOCK_U64).await.is_err(), "nothing mapped there");
+        assert!(store.flip_bits(1, 1, 200 * BLOCK_U64, 8 * BLOCK_U64, false).await.is_err(), "nothing mapped there");
         store.close().await.unwrap();
         let _ = std::fs::remove_file(path);
     });

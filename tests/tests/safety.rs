@@ -336,7 +336,7 @@ fn replicas_whose_disk_fails_a_write_or_a_sync_are_failed_alone_and_nothing_ackn
 fn flip_bits(address: &str, blocks: u32, seed: u64) -> Vec<(String, u64)> {
     runtime().block_on(async {
         let mut c = FaultsClient::connect(format!("http://{address}")).await.expect("connect to the replica");
-        let request = FlipBitsRequest { blocks, seed, offset: 0, length: 0 };
+        let request = FlipBitsRequest { blocks, seed, offset: 0, length: 0, sealed_only: false };
         let flipped = c.flip_bits(request).await.expect("flip bits").into_inner().flipped;
         flipped.into_iter().map(|b| (b.layer, b.offset)).collect()
     })

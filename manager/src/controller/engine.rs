@@ -305,6 +305,9 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
         } else {
             "degraded"
         };
+        if let Ok(report) = &status {
+            self.reconcile_scrub(snapshot, volume, &instance.address, report, robustness == "healthy").await?;
+        }
         let healthy_now: Vec<String> = modes.iter().filter(|(_, m)| *m == "RW").map(|(r, _)| r.clone()).collect();
         for r in replicas.iter().filter(|r| healthy_now.contains(&r.name_any()) && r.spec.healthy_at.is_empty()) {
             let t = now.clone();

@@ -34,6 +34,7 @@ mod nodes;
 mod placement;
 mod replicas;
 mod restore;
+mod scrub;
 mod volume_snapshots;
 
 pub use placement::{disk_candidates, limits};

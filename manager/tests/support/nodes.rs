@@ -118,6 +118,10 @@ impl Cluster for HealthyNodes {
         self.changed();
         Err(UNREACHABLE.into())
     }
+    async fn engine_scrub(&self, _: &str) -> Result<(), String> {
+        self.changed();
+        Err(UNREACHABLE.into())
+    }
     async fn engine_expand(&self, _: &str, _: u64) -> Result<(), String> {
         self.changed();
         Err(UNREACHABLE.into())

@@ -121,15 +121,26 @@ impl Store {
 
     /// Bit rot on demand (tests): flips one bit in each of `blocks` data
     /// blocks picked by `seed` among those mapped in `[offset, offset+length)`
-    /// (length 0: the whole volume), on the device, leaving the crcs alone.
-    pub async fn flip_bits(&self, blocks: usize, seed: u64, offset: u64, length: u64) -> Result<Vec<BadBlock>> {
+    /// (length 0: the whole volume), on the device, leaving the crcs alone;
+    /// with `sealed_only`, only blocks of snapshots (no write replaces them).
+    pub async fn flip_bits(
+        &self,
+        blocks: usize,
+        seed: u64,
+        offset: u64,
+        length: u64,
+        sealed_only: bool,
+    ) -> Result<Vec<BadBlock>> {
         let length = if length == 0 { self.info().size_bytes.saturating_sub(offset) } else { length };
         self.check_range(&self.meta(), offset, length)?;
         let _gate = self.gate.write().await;
-        let (mapped, names) = {
+        let (mut mapped, names) = {
             let meta = self.meta();
             (Self::mapped(&meta, offset / BLOCK_SIZE..(offset + length) / BLOCK_SIZE), Self::layer_names(&meta))
         };
+        if sealed_only {
+            mapped.retain(|m| !names[m.layer].is_empty());
+        }
         if mapped.len() < blocks {
             return Err(StoreError::InvalidArgument(format!(
                 "{blocks} blocks to flip asked, {} data blocks mapped in range",

@@ -240,6 +240,43 @@ impl Ctx {
         faults_call(address, |mut c| async move { c.arm(request).await })
     }
 
+    /// Flips one bit in each of `blocks` data blocks of the replica at
+    /// `address` (only snapshots' blocks with `sealed_only`); the flipped
+    /// blocks as (layer, offset).
+    pub fn flip_bits(
+        &self,
+        address: &str,
+        blocks: u32,
+        seed: u64,
+        sealed_only: bool,
+    ) -> Result<Vec<(String, u64)>, String> {
+        let request = ironhorn_proto::replica::FlipBitsRequest { blocks, seed, offset: 0, length: 0, sealed_only };
+        runtime().block_on(async {
+            let mut c = FaultsClient::connect(format!("http://{address}")).await.map_err(|e| e.to_string())?;
+            let flipped = c.flip_bits(request).await.map_err(|e| e.message().to_string())?.into_inner().flipped;
+            Ok(flipped.into_iter().map(|b| (b.layer, b.offset)).collect())
+        })
+    }
+
+    /// The bad blocks the replica at `address` finds reading back all of
+    /// its data itself (its own scrub, not the engine's).
+    pub fn replica_bad_blocks(&self, address: &str) -> Result<usize, String> {
+        runtime().block_on(async {
+            let mut c = ironhorn_proto::replica::replica_client::ReplicaClient::connect(format!("http://{address}"))
+                .await
+                .map_err(|e| e.to_string())?;
+            let info = c.info(ironhorn_proto::replica::InfoRequest {}).await.map_err(|e| e.to_string())?;
+            let request = ironhorn_proto::replica::ScrubRequest { offset: 0, length: info.into_inner().size_bytes };
+            Ok(c.scrub(request).await.map_err(|e| e.to_string())?.into_inner().bad.len())
+        })
+    }
+
+    /// The volume object as the manager has it.
+    pub fn volume_object(&self) -> Result<serde_json::Value, String> {
+        let text = self.cluster.cli(&["volume", "get", &self.volume, "-o", "json"])?;
+        serde_json::from_str(&text).map_err(|e| format!("volume JSON: {e}"))
+    }
+
     /// How many times the faults armed in replica `address` fired.
     pub fn faults_fired(&self, address: &str) -> Result<u64, String> {
         faults_call(address, |mut c| async move { c.state(ClearFaultsRequest {}).await })

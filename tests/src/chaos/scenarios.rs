@@ -136,6 +136,20 @@ pub const SCENARIOS: &[Scenario] = &[
         fault: replica_torn_write,
     },
     Scenario {
+        name: "bit-rot-at-rest",
+        proves: "flipped bits in a snapshot of one replica (data nobody reads): a scrub finds every one, \
+                 repairs each in place from a healthy replica, the replica stays RW, events say so",
+        crash_all: false,
+        fault: bit_rot_at_rest,
+    },
+    Scenario {
+        name: "bit-rot-live",
+        proves: "flipped bits in the live data of one replica under load: no wrong byte is ever returned, \
+                 reads and a scrub repair them in place, the replica stays RW, nothing bad is left",
+        crash_all: false,
+        fault: bit_rot_live,
+    },
+    Scenario {
         name: "kill-rebuilding-replica",
         proves: "a replica killed during its own rebuild: it is rebuilt again",
         crash_all: false,
@@ -422,6 +436,111 @@ fn replica_disk_slow(ctx: &mut Ctx) -> Result<(), String> {
     }
     ctx.clear_faults(&r.address)?;
     ctx.in_flight(100).map(drop)
+}
+
+/// Asks the manager for a scrub under load and waits for its end; while it
+/// runs the volume must stay healthy (no replica failed for a bad block).
+/// Returns the volume object after it, checked: every bad block the engine
+/// found was repaired, the target replica reads back clean by itself, and
+/// the events tell of the repair and the scrub.
+fn scrub_and_check(ctx: &mut Ctx, target: &Replica) -> Result<serde_json::Value, String> {
+    let mut scrub = std::process::Command::new(crate::binary("ironhorn"))
+        .args(["--api", &ctx.cluster.api, "volume", "scrub", &ctx.volume])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .map_err(|e| format!("ironhorn volume scrub: {e}"))?;
+    let ended = loop {
+        if let Some(status) = scrub.try_wait().map_err(|e| e.to_string())? {
+            break status;
+        }
+        // (A manager that does not answer one poll proves nothing.)
+        if let Ok(v) = ctx.volume_object()
+            && v["status"]["robustness"] != "healthy"
+        {
+            let _ = scrub.kill();
+            let _ = scrub.wait();
+            return Err(format!("the volume left healthy during the scrub: {}", v["status"]));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    if !ended.success() {
+        return Err(format!("ironhorn volume scrub failed ({ended}): {}", ctx.volume_object()?["status"]["scrub"]));
+    }
+    let v = ctx.volume_object()?;
+    let status = &v["status"];
+    if status["scrub"]["state"] != "done" {
+        return Err(format!("scrub did not end done: {}", status["scrub"]));
+    }
+    if status["badBlocksFound"] != status["badBlocksRepaired"] {
+        return Err(format!("found and repaired differ: {status}"));
+    }
+    let left = ctx.replica_bad_blocks(&target.address)?;
+    if left != 0 {
+        return Err(format!("replica {} still reads back {left} bad block(s) after the scrub", target.name));
+    }
+    let reasons: Vec<String> = ctx.events().iter().filter_map(|e| e["reason"].as_str().map(String::from)).collect();
+    for want in ["BadBlocksRepaired", "ScrubStarted", "ScrubFinished"] {
+        if !reasons.iter().any(|r| r == want) {
+            return Err(format!("no {want} event: {reasons:?}"));
+        }
+    }
+    if reasons.iter().any(|r| r == "ReplicaFailed" || r == "RebuildStarted") {
+        return Err(format!("a replica was failed or rebuilt for bad blocks: {reasons:?}"));
+    }
+    Ok(v)
+}
+
+fn bit_rot_at_rest(ctx: &mut Ctx) -> Result<(), String> {
+    let r = first_remote(ctx)?;
+    ctx.cluster.cli(&["snapshot", "create", &ctx.volume, "at-rest"])?;
+    let blocks = ctx.rng.between(8, 32) as u32;
+    let seed = ctx.rng.between(1, 1 << 30);
+    ctx.note(format!("flip {blocks} blocks of the snapshot, seed {seed}"));
+    // Retried until the snapshot reached the replica (it has sealed blocks).
+    let mut flipped = Vec::new();
+    ctx.until(Duration::from_secs(60), "the snapshot on the replica, its blocks flipped", |c| {
+        match c.flip_bits(&r.address, blocks, seed, true) {
+            Ok(f) => {
+                flipped = f;
+                true
+            }
+            Err(_) => false,
+        }
+    })?;
+    if flipped.len() != blocks as usize || flipped.iter().any(|(layer, _)| layer != "at-rest") {
+        return Err(format!("flipped {flipped:?}, not {blocks} blocks of the snapshot"));
+    }
+    ctx.in_flight(100)?;
+    let v = scrub_and_check(ctx, &r)?;
+    let scrub = &v["status"]["scrub"];
+    if scrub["badBlocks"].as_u64() != Some(blocks as u64) || scrub["repairedBlocks"].as_u64() != Some(blocks as u64) {
+        return Err(format!(
+            "the scrub found/repaired {} / {}, {blocks} were flipped",
+            scrub["badBlocks"], scrub["repairedBlocks"]
+        ));
+    }
+    ctx.cluster.cli(&["snapshot", "delete", &ctx.volume, "at-rest"]).map(drop)
+}
+
+fn bit_rot_live(ctx: &mut Ctx) -> Result<(), String> {
+    let r = first_remote(ctx)?;
+    let blocks = ctx.rng.between(8, 32) as u32;
+    let seed = ctx.rng.between(1, 1 << 30);
+    ctx.note(format!("flip {blocks} live blocks, seed {seed}"));
+    let flipped = ctx.flip_bits(&r.address, blocks, seed, false)?;
+    if flipped.len() != blocks as usize {
+        return Err(format!("flipped {flipped:?}, not {blocks} blocks"));
+    }
+    ctx.in_flight(100)?;
+    // Writes replace some flipped blocks before anything reads them; the
+    // rest are found by reads or the scrub, and all of them repaired.
+    let v = scrub_and_check(ctx, &r)?;
+    let found = v["status"]["badBlocksFound"].as_u64().unwrap_or(0);
+    if found == 0 || found > blocks as u64 {
+        return Err(format!("{found} bad blocks found of {blocks} flipped"));
+    }
+    ctx.note(format!("{found} of {blocks} found before a write replaced them"));
+    Ok(())
 }
 
 /// Waits until some replica of the volume is rebuilding (WO); its name.
