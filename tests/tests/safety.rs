@@ -424,3 +424,97 @@ fn flipped_bits_in_one_replica_are_repaired_in_place_by_reads_and_a_scrub() {
         assert!(view == good, "layer {layer:?} of the repaired replica equals a healthy one's");
     }
 }
+
+/// A small filesystem mounted for one test, unmounted (and its loop device
+/// released: mount -o loop sets autoclear) on drop, by its exact path.
+struct SmallFs {
+    mount: std::path::PathBuf,
+}
+
+impl SmallFs {
+    fn new(dir: &Path, name: &str, mib: u64) -> SmallFs {
+        require_tool("mkfs.ext4", "e2fsprogs");
+        let image = dir.join(format!("{name}.fs"));
+        let mount = dir.join(name);
+        std::fs::File::create(&image).unwrap().set_len(mib << 20).unwrap();
+        run("mkfs.ext4", &["-q", "-F", image.to_str().unwrap()]).expect("mkfs.ext4");
+        std::fs::create_dir_all(&mount).unwrap();
+        run("mount", &["-o", "loop", image.to_str().unwrap(), mount.to_str().unwrap()]).expect("mount -o loop");
+        SmallFs { mount }
+    }
+
+    /// Fills what is left of the filesystem with one file.
+    fn fill(&self) {
+        let filler = self.mount.join("filler");
+        let mut f = std::fs::File::create(&filler).unwrap();
+        let chunk = vec![0xa5u8; 1 << 20];
+        loop {
+            match std::io::Write::write(&mut f, &chunk) {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => break,
+                Err(e) => panic!("filling {}: {e}", filler.display()),
+            }
+        }
+        let _ = f.sync_all();
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.mount).status();
+    }
+}
+
+/// A replica whose file disk (a small ext4 filesystem) fills up to the last
+/// byte while the volume runs: its store was reserved when it was made, so
+/// every write after goes on landing there (no I/O error, it stays RW) and
+/// reads back; a new store on the full filesystem is refused with a clear
+/// out-of-space error, and the replicas running are unaffected.
+#[test]
+fn a_replica_whose_filesystem_fills_up_keeps_its_store_and_a_new_store_is_refused() {
+    require_root();
+    let dir = TempDir::new("safety-fsfull");
+    let fs = SmallFs::new(dir.path(), "small", 128);
+    let full_store = format!("file:{}", fs.mount.join("f0.img").display());
+    let r0 = start_replica("f0", &full_store, SIZE, dir.path(), &[]).expect("replica on the small filesystem");
+    let r1 = replica(dir.path(), "f1");
+    let e = engine(dir.path(), "fsfull", 1, &[&r0, &r1], &[]);
+    let mut client = nbd(dir.path(), "fsfull");
+    for block in 0..1024 {
+        write_block(&mut client, block, 1);
+    }
+    flush(&mut client);
+    fs.fill();
+    let free = nix_free_bytes(&fs.mount);
+    assert!(free < 1 << 20, "the filesystem is full ({free} bytes free)");
+    // Overwrites and new blocks, across the whole volume.
+    for block in (0..16384).step_by(7) {
+        write_block(&mut client, block, 2);
+    }
+    flush(&mut client);
+    let status = engine_status(&e);
+    assert_eq!(replica_modes(&status)[&r0.address], "RW", "the replica on the full filesystem: {status}");
+    for block in (0..16384).step_by(7) {
+        assert_eq!(read_version(&mut client, block), Some(2), "block {block}");
+    }
+    let refused =
+        match start_replica("f2", &format!("file:{}", fs.mount.join("f2.img").display()), SIZE, dir.path(), &[]) {
+            Ok(_) => panic!("a new store on a full filesystem was made"),
+            Err(e) => e,
+        };
+    assert!(refused.contains("No space left") || refused.contains("out of space"), "{refused}");
+    assert!(!fs.mount.join("f2.img").exists(), "the refused store left no file behind");
+    assert_eq!(replica_modes(&engine_status(&e))[&r0.address], "RW");
+    drop(client);
+    drop(e);
+    drop(r0);
+}
+
+fn nix_free_bytes(path: &Path) -> u64 {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: statvfs into a zeroed struct with a valid C string.
+    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut s) }, 0);
+    s.f_bavail as u64 * s.f_frsize as u64
+}
