@@ -75,6 +75,7 @@ pub fn router<D: Datastore>(store: D, gate: crate::leader::Gate) -> Router {
         .route("/v1/settings", get(list_settings::<D>))
         .route("/v1/settings/{name}", get(get_setting::<D>).put(set_setting::<D>))
         .route("/metrics", get(prometheus::<D>))
+        .merge(crate::ui::routes(store.clone()))
         .with_state(store)
 }
 

@@ -287,6 +287,36 @@ pub struct EngineStatus {
     /// Rebuilds as the engine reports them (replica address → state).
     #[serde(default)]
     pub rebuild_status: BTreeMap<String, String>,
+    /// Replica name → its latest rebuild's progress, as the engine reports
+    /// it (updated every pass while it runs).
+    #[serde(default)]
+    pub rebuild_progress: BTreeMap<String, RebuildProgress>,
+    #[serde(default)]
+    pub error: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RebuildProgress {
+    /// running, done, failed
+    #[serde(default)]
+    pub state: String,
+    /// dirty-map or checksums
+    #[serde(default)]
+    pub method: String,
+    #[serde(default)]
+    pub source: String,
+    /// Bytes compared and copied so far, of total_bytes.
+    #[serde(default)]
+    pub compared_bytes: u64,
+    #[serde(default)]
+    pub copied_bytes: u64,
+    #[serde(default)]
+    pub total_bytes: u64,
+    #[serde(default)]
+    pub started_at: String,
+    #[serde(default)]
+    pub finished_at: String,
     #[serde(default)]
     pub error: String,
 }

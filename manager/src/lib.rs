@@ -24,6 +24,7 @@ pub mod settings;
 pub mod simnet;
 pub mod snapshots;
 pub mod standalone;
+pub mod ui;
 
 use std::net::SocketAddr;
 use std::time::Duration;

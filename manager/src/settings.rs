@@ -91,6 +91,13 @@ pub const DEFINITIONS: &[Definition] = &[
         description: "longest wait, in seconds, between reuses of one failed replica",
     },
     Definition {
+        name: "replica-rebuild-max-mib-per-sec",
+        default: "0",
+        kind: Kind::Int,
+        description: "MiB/s a rebuild (and a scrub) may copy or read, so it does not starve the volume's own I/O \
+                      (0: no limit; applies to engines started after the change)",
+    },
+    Definition {
         name: "stale-replica-timeout",
         default: "172800",
         kind: Kind::Int,

@@ -507,6 +507,13 @@ pub async fn replica_image(address: &str, size: u64, epoch: u64) -> Vec<u8> {
 }
 
 /// `nbd+unix` URI of an engine's socket.
+/// SIGKILL to one exact pid (an instance found through the instance
+/// manager that started it, or a process the test started).
+pub fn kill9(pid: u32) {
+    // SAFETY: kill(2) of one pid; no memory is involved.
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+}
+
 pub fn nbd_uri(volume: &str, socket: &Path) -> String {
     format!("nbd+unix:///{volume}?socket={}", socket.display())
 }
@@ -715,6 +722,29 @@ impl StandaloneCluster {
 
     pub fn volume(&self, name: &str) -> serde_json::Value {
         self.json(&["volume", "get", name])
+    }
+
+    /// (pid, state) of an instance, from its node's instance manager.
+    pub fn instance(&self, node: &str, name: &str) -> Option<(u32, i32)> {
+        use ironhorn_proto::instance::ListRequest;
+        use ironhorn_proto::instance::instance_manager_client::InstanceManagerClient;
+        let nodes = self.json(&["node", "list"]);
+        let im = nodes.as_array()?.iter().find(|n| n["metadata"]["name"] == node)?["spec"]["instanceManagerAddress"]
+            .as_str()?
+            .to_string();
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
+        runtime.block_on(async {
+            let mut c = InstanceManagerClient::connect(format!("http://{im}")).await.ok()?;
+            let list = c.list(ListRequest {}).await.ok()?.into_inner();
+            list.instances.into_iter().find(|i| i.name == name).map(|i| (i.pid, i.state))
+        })
+    }
+
+    /// The control address of `volume`'s engine, from its Engine object.
+    pub fn engine_address(&self, volume: &str) -> String {
+        let engines = self.json(&["engine", "list"]);
+        let engine = engines.as_array().unwrap().iter().find(|e| e["spec"]["volumeName"] == volume).expect("engine");
+        engine["status"]["address"].as_str().expect("engine address").to_string()
     }
 
     pub fn replicas_of(&self, volume: &str) -> Vec<serde_json::Value> {

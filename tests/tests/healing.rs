@@ -16,22 +16,8 @@ fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
 }
 
-/// (pid, state) of an instance, from its node's instance manager.
 fn instance(cluster: &StandaloneCluster, node: &str, name: &str) -> Option<(u32, i32)> {
-    let nodes = cluster.json(&["node", "list"]);
-    let im = nodes.as_array()?.iter().find(|n| n["metadata"]["name"] == node)?["spec"]["instanceManagerAddress"]
-        .as_str()?
-        .to_string();
-    runtime().block_on(async {
-        let mut c = InstanceManagerClient::connect(format!("http://{im}")).await.ok()?;
-        let list = c.list(ListRequest {}).await.ok()?.into_inner();
-        list.instances.into_iter().find(|i| i.name == name).map(|i| (i.pid, i.state))
-    })
-}
-
-fn kill9(pid: u32) {
-    // SAFETY: one exact pid, found through the instance manager that started it.
-    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    cluster.instance(node, name)
 }
 
 /// A node dies for good: its instance manager and its replica `replica` (the
@@ -53,9 +39,7 @@ fn setting(cluster: &StandaloneCluster, name: &str, value: &str) {
 }
 
 fn engine_address(cluster: &StandaloneCluster, volume: &str) -> String {
-    let engines = cluster.json(&["engine", "list"]);
-    let engine = engines.as_array().unwrap().iter().find(|e| e["spec"]["volumeName"] == volume).expect("engine");
-    engine["status"]["address"].as_str().expect("engine address").to_string()
+    cluster.engine_address(volume)
 }
 
 fn engine_status(cluster: &StandaloneCluster, volume: &str) -> Value {

@@ -60,11 +60,6 @@ fn alive(pid: u32) -> bool {
         && !std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default().contains(") Z")
 }
 
-fn kill9(pid: u32) {
-    // SAFETY: signalling one exact pid this test started (through the IM).
-    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-}
-
 async fn replica_answers(address: &str) -> bool {
     match ironhorn_proto::replica::replica_client::ReplicaClient::connect(format!("http://{address}")).await {
         Ok(mut c) => c.info(InfoRequest {}).await.is_ok(),

@@ -209,7 +209,7 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
                     replicas: address_map.values().cloned().collect(),
                     blockdev: volume.spec.frontend == Frontend::Blockdev,
                     replica_timeout_secs: timeout.clamp(1, 600) as u32,
-                    rebuild_mib_per_sec: 0,
+                    rebuild_mib_per_sec: snapshot.settings.u64("replica-rebuild-max-mib-per-sec").min(1 << 20),
                     write_majority: match volume.spec.write_quorum {
                         WriteQuorum::One => false,
                         WriteQuorum::Majority => true,
@@ -256,6 +256,7 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
             engine.spec.replica_address_map.iter().map(|(n, a)| (a.as_str(), n.as_str())).collect();
         let mut modes = BTreeMap::new();
         let mut rebuilds = BTreeMap::new();
+        let mut progress = BTreeMap::new();
         let mut error = String::new();
         match &status {
             Ok(s) => {
@@ -267,6 +268,8 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
                 // "state@start_ms" (tells one rebuild from the next).
                 for r in s.rebuilds.iter().rev() {
                     rebuilds.insert(r.replica.clone(), format!("{}@{}", r.state, r.started_unix_ms));
+                    let replica = by_address.get(r.replica.as_str()).copied().unwrap_or(r.replica.as_str());
+                    progress.insert(replica.to_string(), rebuild_progress(r));
                 }
             }
             Err(e) => error = e.clone(),
@@ -284,6 +287,7 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
             if status.is_ok() {
                 s.replica_mode_map = modes.clone();
                 s.rebuild_status = rebuilds.clone();
+                s.rebuild_progress = progress.clone();
             }
             s.error = error.clone();
             *s != before
@@ -365,6 +369,21 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
             set_condition(&mut s.conditions, "Attached", true, "", "", &now);
         })
         .await
+    }
+}
+
+fn rebuild_progress(r: &ironhorn_proto::engine::RebuildStatus) -> RebuildProgress {
+    let at = unix_ms_text;
+    RebuildProgress {
+        state: r.state.clone(),
+        method: r.method.clone(),
+        source: r.source.clone(),
+        compared_bytes: r.compared_bytes,
+        copied_bytes: r.copied_bytes,
+        total_bytes: r.total_bytes,
+        started_at: at(r.started_unix_ms),
+        finished_at: at(r.finished_unix_ms),
+        error: r.error.clone(),
     }
 }
 

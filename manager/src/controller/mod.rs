@@ -45,6 +45,14 @@ pub fn now() -> String {
     jiff::Timestamp::now().to_string()
 }
 
+/// Unix milliseconds as RFC 3339 ("" for 0), as times are in status.
+fn unix_ms_text(ms: u64) -> String {
+    if ms == 0 {
+        return String::new();
+    }
+    jiff::Timestamp::from_millisecond(ms as i64).map(|t| t.to_string()).unwrap_or_default()
+}
+
 pub fn engine_name(volume: &str) -> String {
     format!("{volume}{ENGINE_SUFFIX}")
 }

@@ -8,13 +8,7 @@ use ironhorn_proto::engine::StatusResponse;
 use super::*;
 use crate::scrub::{self, Decision};
 
-/// Unix milliseconds as RFC 3339 ("" for 0).
-fn at(ms: u64) -> String {
-    if ms == 0 {
-        return String::new();
-    }
-    jiff::Timestamp::from_millisecond(ms as i64).map(|t| t.to_string()).unwrap_or_default()
-}
+use super::unix_ms_text as at;
 
 impl<D: Datastore, C: Cluster> Controller<D, C> {
     pub(super) async fn reconcile_scrub(

@@ -1,0 +1,283 @@
+//! The web UI in a real headless Chromium (Debian's chromium and
+//! chromium-driver), driven over WebDriver: a volume created from the form
+//! (the API's errors shown beside the fields), attached, seen healthy; one
+//! of its replicas killed under writes: the page shows degraded, a moving
+//! rebuild progress bar, then healthy, all without a reload; the volume
+//! deleted through the confirmation. Screenshots of each step are saved
+//! (the test prints where).
+
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use fantoccini::{Client, ClientBuilder, Locator};
+use ironhorn_tests::*;
+
+const VOLUME: &str = "ui-vol";
+
+/// chromedriver on a free port, killed by its pid when dropped.
+struct Driver {
+    child: Child,
+    port: u16,
+}
+
+impl Driver {
+    fn start(dir: &Path) -> Driver {
+        require_tool("chromium", "chromium");
+        require_tool("chromedriver", "chromium-driver");
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let log = std::fs::File::create(dir.join("chromedriver.log")).unwrap();
+        let child = Command::new("chromedriver")
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::from(log.try_clone().unwrap()))
+            .stderr(Stdio::from(log))
+            .spawn()
+            .expect("start chromedriver");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "chromedriver did not listen on {port}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Driver { child, port }
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        kill9(self.child.id());
+        let _ = self.child.wait();
+    }
+}
+
+async fn browser(driver: &Driver) -> Client {
+    let mut caps = serde_json::Map::new();
+    caps.insert(
+        "goog:chromeOptions".into(),
+        serde_json::json!({
+            "binary": "/usr/bin/chromium",
+            "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1280,1000"],
+        }),
+    );
+    let connector = hyper_util::client::legacy::connect::HttpConnector::new();
+    ClientBuilder::new(connector)
+        .capabilities(caps)
+        .connect(&format!("http://127.0.0.1:{}", driver.port))
+        .await
+        .expect("a Chromium session through chromedriver")
+}
+
+struct Shots {
+    dir: PathBuf,
+    n: usize,
+}
+
+impl Shots {
+    async fn take(&mut self, c: &Client, what: &str) {
+        self.n += 1;
+        let path = self.dir.join(format!("{:02}-{what}.png", self.n));
+        std::fs::write(&path, c.screenshot().await.expect("screenshot")).unwrap();
+        println!("screenshot: {}", path.display());
+    }
+}
+
+/// Waits until the text of the first element matching `css` satisfies
+/// `check` (the page updates itself; nothing here reloads it).
+async fn wait_text(c: &Client, css: &str, what: &str, timeout: Duration, check: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Ok(e) = c.find(Locator::Css(css)).await
+            && let Ok(text) = e.text().await
+            && check(&text)
+        {
+            return text;
+        }
+        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what} ({css})");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Clicks the element `css` names, finding it again if the page re-drew
+/// it in between (live updates replace table rows).
+async fn click(c: &Client, css: &str) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let clicked = match c.find(Locator::Css(css)).await {
+            Ok(e) => e.click().await.is_ok(),
+            Err(_) => false,
+        };
+        if clicked {
+            return;
+        }
+        assert!(Instant::now() < deadline, "could not click {css}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn fill_create(c: &Client, name: &str, size: &str) {
+    for (field, value) in [("name", name), ("size", size)] {
+        let input = c.find(Locator::Css(&format!("#create input[name={field}]"))).await.unwrap();
+        input.clear().await.unwrap();
+        input.send_keys(value).await.unwrap();
+    }
+    click(c, "#create-submit").await;
+}
+
+fn fio_writes(endpoint: &str, seconds: u64) -> Child {
+    require_tool("fio", "fio");
+    Command::new("fio")
+        .args([
+            "--name=ui",
+            "--ioengine=nbd",
+            &format!("--uri={endpoint}"),
+            "--rw=randwrite",
+            "--bs=64k",
+            "--size=128M",
+            "--iodepth=8",
+            "--time_based",
+            &format!("--runtime={seconds}"),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("fio")
+}
+
+#[test]
+fn the_ui_creates_attaches_shows_a_rebuild_live_and_deletes() {
+    require_root();
+    let cluster = StandaloneCluster::start("ui", 3, 33000, "1GiB");
+    // A slow rebuild, so its progress bar is seen moving.
+    cluster.cli(&["setting", "set", "replica-rebuild-max-mib-per-sec", "8"]).expect("rate setting");
+    cluster.cli(&["setting", "set", "replica-rebuild-backoff-initial", "2"]).expect("backoff setting");
+    // Kept after the test (the cluster's own directory is not).
+    let shots_dir = std::env::temp_dir().join("ironhorn-ui-screenshots");
+    let _ = std::fs::remove_dir_all(&shots_dir);
+    std::fs::create_dir_all(&shots_dir).unwrap();
+    let driver = Driver::start(cluster.dir.path());
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    runtime.block_on(async {
+        let c = browser(&driver).await;
+        let mut shots = Shots { dir: shots_dir.clone(), n: 0 };
+        let base = cluster.api.clone();
+        c.goto(&format!("{base}/#/volumes")).await.unwrap();
+        wait_text(&c, "#live", "the live stream", Duration::from_secs(10), |t| t == "live").await;
+
+        // The API's errors beside the fields: a bad size, then a taken name.
+        fill_create(&c, VOLUME, "12 parsecs").await;
+        let e = wait_text(&c, ".field-error[data-for=size]", "size error", Duration::from_secs(10), |t| !t.is_empty())
+            .await;
+        println!("bad size: {e}");
+        shots.take(&c, "bad-size").await;
+        fill_create(&c, VOLUME, "256MiB").await;
+        wait_text(&c, &format!("tr[data-volume={VOLUME}] td.name"), "the new row", Duration::from_secs(10), |t| {
+            t == VOLUME
+        })
+        .await;
+        fill_create(&c, VOLUME, "256MiB").await;
+        let e = wait_text(&c, ".field-error[data-for=name]", "name error", Duration::from_secs(10), |t| !t.is_empty())
+            .await;
+        assert!(e.contains("exists"), "{e}");
+        shots.take(&c, "name-taken").await;
+
+        // Attach from the volume page; healthy without a reload.
+        click(&c, &format!("tr[data-volume={VOLUME}] td.name a")).await;
+        wait_text(&c, "#attach-node", "the node list", Duration::from_secs(10), |t| t.contains("n-1")).await;
+        c.find(Locator::Css("#attach-node")).await.unwrap().select_by_value("n-1").await.unwrap();
+        click(&c, "#attach").await;
+        wait_text(&c, "#robustness", "healthy", Duration::from_secs(60), |t| t == "healthy").await;
+        shots.take(&c, "attached-healthy").await;
+
+        // Kill a replica off the engine's node while writes run.
+        let endpoint = cluster.volume(VOLUME)["status"]["endpoint"].as_str().unwrap().to_string();
+        let mut fio = fio_writes(&endpoint, 20);
+        let engine = cluster.engine_address(VOLUME);
+        let writes = || {
+            let m: serde_json::Value =
+                serde_json::from_str(&engine_cli(&["metrics", "--engine", &engine]).unwrap()).unwrap();
+            m["ops"].as_array().unwrap().iter().find(|o| o["op"] == "write").unwrap()["requests"].as_u64().unwrap()
+        };
+        let before = writes();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while writes() < before + 200 {
+            assert!(fio.try_wait().unwrap().is_none(), "fio ended before the fault");
+            assert!(Instant::now() < deadline, "no writes in flight");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let victim =
+            cluster.replicas_of(VOLUME).into_iter().find(|r| r["spec"]["nodeID"] != "n-1").expect("a remote replica");
+        let (name, node) = (victim["metadata"]["name"].as_str().unwrap(), victim["spec"]["nodeID"].as_str().unwrap());
+        // (Its own runtime: not inside this one.)
+        let found = std::thread::scope(|s| s.spawn(|| cluster.instance(node, name)).join().unwrap());
+        let (pid, _) = found.expect("the replica's process");
+        kill9(pid);
+        wait_text(&c, "#robustness", "degraded", Duration::from_secs(30), |t| t == "degraded").await;
+        shots.take(&c, "degraded").await;
+        // The rebuild's bar, moving.
+        let bar = format!("tr[data-replica={name}] div.rebuild");
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let first = loop {
+            if let Ok(e) = c.find(Locator::Css(&bar)).await
+                && let Ok(Some(p)) = e.attr("data-percent").await
+            {
+                break p.parse::<u32>().unwrap();
+            }
+            if Instant::now() > deadline {
+                shots.take(&c, "no-progress-bar").await;
+                let table = c.execute("return document.querySelector('#replicas').innerHTML", vec![]).await;
+                panic!(
+                    "no rebuild progress bar for {name}: the page's replicas {table:?}; the engines {}",
+                    std::thread::scope(|s| s.spawn(|| cluster.json(&["engine", "list"])).join().unwrap())
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        shots.take(&c, "rebuilding").await;
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let mut moved = false;
+        while !moved {
+            match c.find(Locator::Css(&bar)).await {
+                // (A row the page just re-drew is stale: read it again.)
+                Ok(e) => {
+                    moved =
+                        e.attr("data-percent").await.ok().flatten().and_then(|p| p.parse::<u32>().ok()) > Some(first)
+                }
+                // The bar is gone: the rebuild finished after `first`.
+                Err(_) => moved = true,
+            }
+            assert!(Instant::now() < deadline, "the progress bar stayed at {first}%");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        wait_text(&c, "#robustness", "healthy again", Duration::from_secs(180), |t| t == "healthy").await;
+        wait_text(&c, &format!("tr[data-replica={name}] td.mode"), "the replica RW", Duration::from_secs(30), |t| {
+            t == "RW"
+        })
+        .await;
+        shots.take(&c, "healthy-again").await;
+        let _ = fio.kill();
+        let _ = fio.wait();
+
+        // The dashboard and the other pages render.
+        c.goto(&format!("{base}/#/")).await.unwrap();
+        wait_text(&c, ".card[data-robustness=healthy] .n", "one healthy", Duration::from_secs(10), |t| t == "1").await;
+        shots.take(&c, "dashboard").await;
+        c.goto(&format!("{base}/#/nodes")).await.unwrap();
+        wait_text(&c, "tr[data-node=n-3] td.ready", "node n-3 ready", Duration::from_secs(10), |t| t == "True").await;
+        shots.take(&c, "nodes").await;
+
+        // Delete with the confirmation naming the volume.
+        c.goto(&format!("{base}/#/volume/{VOLUME}")).await.unwrap();
+        c.wait().for_element(Locator::Css("#delete")).await.unwrap().click().await.unwrap();
+        let confirm = c.wait().for_element(Locator::Css("#confirm-delete")).await.unwrap();
+        assert!(confirm.text().await.unwrap().contains(VOLUME));
+        confirm.click().await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while c.find(Locator::Css(&format!("tr[data-volume={VOLUME}]"))).await.is_ok() {
+            assert!(Instant::now() < deadline, "the volume's row did not go");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        shots.take(&c, "deleted").await;
+        c.close().await.unwrap();
+    });
+    println!("screenshots in {}", shots_dir.display());
+}
