@@ -263,6 +263,16 @@ fn a_volume_whose_every_replica_is_full_refuses_writes_with_enospc_and_keeps_ser
     assert_eq!(read_version(&mut client, refused * CHUNK_BLOCKS), Some(2));
 }
 
+/// Three replicas with their fault-injection API on, named PREFIX0..2.
+fn fault_injecting_replicas(dir: &Path, prefix: &str) -> Vec<Process> {
+    (0..3)
+        .map(|i| {
+            let store = format!("file:{}", dir.join(format!("{prefix}{i}.img")).display());
+            start_replica(&format!("{prefix}{i}"), &store, SIZE, dir, &["--fault-injection"]).expect("replica")
+        })
+        .collect()
+}
+
 /// Arms a fault on a replica started with --fault-injection.
 fn arm_fault(address: &str, op: FaultOp, action: FaultAction) -> Result<u64, tonic::Status> {
     runtime().block_on(async {
@@ -292,12 +302,7 @@ fn runtime() -> tokio::runtime::Runtime {
 fn replicas_whose_disk_fails_a_write_or_a_sync_are_failed_alone_and_nothing_acknowledged_is_lost() {
     require_root();
     let dir = TempDir::new("safety-disk");
-    let r: Vec<Process> = (0..3)
-        .map(|i| {
-            let store = format!("file:{}", dir.path().join(format!("d{i}.img")).display());
-            start_replica(&format!("d{i}"), &store, SIZE, dir.path(), &["--fault-injection"]).expect("replica")
-        })
-        .collect();
+    let r = fault_injecting_replicas(dir.path(), "d");
     let e = engine(dir.path(), "disk", 1, &[&r[0], &r[1], &r[2]], &[]);
     let mut client = nbd(dir.path(), "disk");
     for block in 0..64 {
@@ -363,12 +368,7 @@ fn replica_scrub_and_view(address: &str, layer: &str, length: u64) -> (usize, Ve
 fn flipped_bits_in_one_replica_are_repaired_in_place_by_reads_and_a_scrub() {
     require_root();
     let dir = TempDir::new("safety-rot");
-    let r: Vec<Process> = (0..3)
-        .map(|i| {
-            let store = format!("file:{}", dir.path().join(format!("b{i}.img")).display());
-            start_replica(&format!("b{i}"), &store, SIZE, dir.path(), &["--fault-injection"]).expect("replica")
-        })
-        .collect();
+    let r = fault_injecting_replicas(dir.path(), "b");
     let e = engine(dir.path(), "rot", 1, &[&r[0], &r[1], &r[2]], &[]);
     let mut client = nbd(dir.path(), "rot");
     for block in 0..256 {
