@@ -35,9 +35,14 @@ impl Unflushed {
     /// What the replica with store `store` may lose if it crashes now:
     /// everything unflushed, less the flushes in flight it has answered.
     pub(super) fn missed_by(&self, store: u64) -> BTreeSet<u64> {
+        self.unflushed_except(|f| f.durable_on.contains(&store))
+    }
+
+    /// Written chunks, less those of the flushes in flight `skip` picks.
+    fn unflushed_except(&self, skip: impl Fn(&Flushing) -> bool) -> BTreeSet<u64> {
         let mut out = self.current.clone();
         out.extend(self.in_flight.keys().copied());
-        for f in self.flushing.values().filter(|f| !f.durable_on.contains(&store)) {
+        for f in self.flushing.values().filter(|f| !skip(f)) {
             out.extend(f.chunks.iter().copied());
         }
         out
@@ -45,10 +50,7 @@ impl Unflushed {
 
     /// How many chunks no completed flush covers.
     pub(super) fn len(&self) -> u64 {
-        let mut all = self.current.clone();
-        all.extend(self.in_flight.keys().copied());
-        all.extend(self.flushing.values().flat_map(|f| f.chunks.iter().copied()));
-        all.len() as u64
+        self.unflushed_except(|_| false).len() as u64
     }
 
     /// A flush is sent: it covers the writes completed so far.

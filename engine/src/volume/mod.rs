@@ -717,6 +717,7 @@ impl Volume {
     }
 
     pub fn status(&self) -> VolumeStatus {
+        let (bad_blocks_found, bad_blocks_repaired) = self.bad_blocks();
         let mut replicas: Vec<ReplicaStatus> = self
             .replicas
             .read()
@@ -738,8 +739,8 @@ impl Volume {
             out_of_space: self.out_of_space.load(Ordering::SeqCst),
             unflushed_bytes: self.unflushed.lock().expect("unflushed").len() * CHUNK,
             scrub: self.scrub_status(),
-            bad_blocks_found: self.bad_blocks().0,
-            bad_blocks_repaired: self.bad_blocks().1,
+            bad_blocks_found,
+            bad_blocks_repaired,
         }
     }
 
