@@ -14,7 +14,7 @@ declare -A needs=(
   [lvcreate]=lvm2 [fio]=fio [qemu-io]=qemu-utils [nbdinfo]=libnbd-bin [nbdkit]=nbdkit
   [fusermount3]=fuse3 [mkfs.ext4]=e2fsprogs [mkfs.xfs]=xfsprogs [ip]=iproute2 [iptables]=iptables
   [losetup]=mount [blkid]=util-linux [findmnt]=util-linux [mountpoint]=util-linux
-  [chromium]=chromium [chromedriver]=chromium-driver
+  [chromium]=chromium [chromedriver]=chromium-driver [firefox-esr]=firefox-esr
 )
 missing=()
 for tool in "${!needs[@]}"; do

@@ -576,7 +576,17 @@ impl InstanceManager for InstanceManagerService {
 
     async fn list(&self, _: Request<pb::ListRequest>) -> Result<Response<pb::ListResponse>, Status> {
         let inner = self.inner.lock().await;
-        Ok(Response::new(pb::ListResponse { instances: inner.records.values().map(Record::to_proto).collect() }))
+        let own = process::usage(std::process::id()).unwrap_or_default();
+        let usage = inner
+            .records
+            .values()
+            .filter(|r| r.pid != 0 && !r.exited)
+            .filter_map(|r| process::usage(r.pid))
+            .fold(own, |sum, u| sum + u);
+        Ok(Response::new(pb::ListResponse {
+            instances: inner.records.values().map(Record::to_proto).collect(),
+            usage: Some(pb::ResourceUsage { cpu_time_ms: usage.cpu_ms, rss_bytes: usage.rss_bytes }),
+        }))
     }
 
     type WatchStream = WatchStream;

@@ -11,8 +11,11 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use std::sync::Arc;
+
 use crate::crd::*;
 use crate::datastore::{self, Datastore, update};
+use crate::metrics::{self, Sampler};
 use crate::settings;
 
 pub struct ApiError(StatusCode, String);
@@ -52,6 +55,9 @@ fn reply<T: serde::Serialize>(value: &T) -> Reply {
 }
 
 pub fn router<D: Datastore>(store: D, gate: crate::leader::Gate) -> Router {
+    // One sampler for every reader of rates, so they share intervals.
+    let sampler = Arc::new(Sampler::default());
+    let io_sampler = sampler.clone();
     Router::new()
         // Liveness: the process answers. Readiness: the datastore answers
         // (every manager serves the API; `leader` says which reconciles).
@@ -69,12 +75,17 @@ pub fn router<D: Datastore>(store: D, gate: crate::leader::Gate) -> Router {
         .route("/v1/snapshots", get(list::<D, Snapshot>))
         .route("/v1/capacity", get(capacity::<D>))
         .route("/v1/nodes", get(list::<D, Node>))
+        .route("/v1/nodes/{name}", post(update_node::<D>))
         .route("/v1/replicas", get(list::<D, Replica>))
         .route("/v1/engines", get(list::<D, Engine>))
         .route("/v1/events", get(list_events::<D>))
         .route("/v1/settings", get(list_settings::<D>))
         .route("/v1/settings/{name}", get(get_setting::<D>).put(set_setting::<D>))
-        .route("/metrics", get(prometheus::<D>))
+        .route(
+            "/v1/volumes/{name}/io",
+            get(move |State(store): State<D>, Path(name): Path<String>| volume_io(store, io_sampler, name)),
+        )
+        .route("/metrics", get(move |State(store): State<D>| prometheus(store, sampler)))
         .merge(crate::ui::routes(store.clone()))
         .with_state(store)
 }
@@ -121,6 +132,10 @@ struct CreateVolume {
     data_source: String,
     #[serde(default)]
     data_locality: DataLocality,
+    #[serde(default)]
+    pvc_name: String,
+    #[serde(default)]
+    pvc_namespace: String,
 }
 
 /// Checks a new volume's data source: it exists, and the new volume is at
@@ -206,6 +221,8 @@ async fn create_volume<D: Datastore>(
             write_quorum: body.write_quorum,
             data_source: body.data_source,
             data_locality: body.data_locality,
+            pvc_name: body.pvc_name,
+            pvc_namespace: body.pvc_namespace,
             ..Default::default()
         },
     );
@@ -351,6 +368,71 @@ async fn update_volume<D: Datastore>(
         changed
     })
     .await
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct UpdateNode {
+    allow_scheduling: Option<bool>,
+    tags: Option<Vec<String>>,
+    /// Disk name → its scheduling flag.
+    #[serde(default)]
+    disks: std::collections::BTreeMap<String, UpdateDisk>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct UpdateDisk {
+    allow_scheduling: Option<bool>,
+    tags: Option<Vec<String>>,
+}
+
+/// A tag as placement matches it: letters, digits, '-', '_' and '.'.
+fn check_tags(tags: &[String]) -> Result<(), ApiError> {
+    match tags.iter().find(|t| t.is_empty() || !t.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))) {
+        Some(t) => Err(bad(format!("tag {t:?}: use letters, digits, '-', '_' and '.'"))),
+        None => Ok(()),
+    }
+}
+
+/// Sets a node's (and its disks') scheduling flag and tags: what people
+/// own on a Node object (registration keeps them).
+async fn update_node<D: Datastore>(
+    State(store): State<D>,
+    Path(name): Path<String>,
+    body: Result<Json<UpdateNode>, axum::extract::rejection::JsonRejection>,
+) -> Reply {
+    let Json(body) = body.map_err(|e| bad(e.body_text()))?;
+    let node = store.get::<Node>(&name).await?.ok_or_else(|| not_found("node", &name))?;
+    for tags in body.tags.iter().chain(body.disks.values().filter_map(|d| d.tags.as_ref())) {
+        check_tags(tags)?;
+    }
+    if let Some(disk) = body.disks.keys().find(|d| !node.spec.disks.contains_key(*d)) {
+        return Err(not_found("disk", &format!("{name}/{disk}")));
+    }
+    let updated = update::<Node, D>(&store, &name, |n| {
+        let before = n.spec.clone();
+        if let Some(allow) = body.allow_scheduling {
+            n.spec.allow_scheduling = allow;
+        }
+        if let Some(tags) = &body.tags {
+            n.spec.tags = tags.clone();
+        }
+        for (disk, change) in &body.disks {
+            if let Some(d) = n.spec.disks.get_mut(disk) {
+                if let Some(allow) = change.allow_scheduling {
+                    d.allow_scheduling = allow;
+                }
+                if let Some(tags) = &change.tags {
+                    d.tags = tags.clone();
+                }
+            }
+        }
+        n.spec != before
+    })
+    .await?
+    .ok_or_else(|| not_found("node", &name))?;
+    reply(&updated)
 }
 
 /// Applies `change` to a volume's spec (it says whether anything changed)
@@ -537,9 +619,22 @@ async fn list_events<D: Datastore>(
     Ok(Json(Value::Array(out)))
 }
 
-async fn prometheus<D: Datastore>(State(store): State<D>) -> Result<Response, ApiError> {
-    let page = crate::metrics::gather(&store).await?;
-    Ok(([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], page).into_response())
+async fn prometheus<D: Datastore>(store: D, sampler: Arc<Sampler>) -> Result<Response, ApiError> {
+    let page = metrics::page(&store, &sampler).await?;
+    Ok(([(axum::http::header::CONTENT_TYPE, metrics::encode::CONTENT_TYPE)], page).into_response())
+}
+
+/// A volume's I/O rates over the latest interval (its engine's counters,
+/// sampled as for `/metrics`); the UI's charts ask each second.
+async fn volume_io<D: Datastore>(store: D, sampler: Arc<Sampler>, name: String) -> Reply {
+    store.get::<Volume>(&name).await?.ok_or_else(|| not_found("volume", &name))?;
+    match metrics::volume_io(&store, &sampler, &name).await? {
+        Some(rates) => reply(&rates),
+        None => Err(ApiError(
+            StatusCode::CONFLICT,
+            format!("volume {name:?} is not attached or its engine does not answer"),
+        )),
+    }
 }
 
 async fn list_settings<D: Datastore>(State(store): State<D>) -> Reply {

@@ -118,11 +118,19 @@ pub enum WriteQuorum {
     printcolumn = r#"{"name":"Size","type":"integer","jsonPath":".spec.size"}"#,
     printcolumn = r#"{"name":"Replicas","type":"integer","jsonPath":".spec.numberOfReplicas"}"#,
     printcolumn = r#"{"name":"Node","type":"string","jsonPath":".status.currentNodeID"}"#,
+    printcolumn = r#"{"name":"Frontend","type":"string","jsonPath":".spec.frontend","priority":1}"#,
+    printcolumn = r#"{"name":"Endpoint","type":"string","jsonPath":".status.endpoint","priority":1}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
 pub struct VolumeSpec {
-    /// Bytes, a multiple of 4096.
+    /// Bytes, a multiple of 4096. Only grows: an apiserver refuses a
+    /// smaller value (editing the object with kubectl expands the volume).
+    #[schemars(extend(
+        "minimum" = 4096,
+        "multipleOf" = 4096,
+        "x-kubernetes-validations" = [{ "rule": "self >= oldSelf", "message": "a volume's size only grows" }]
+    ))]
     pub size: u64,
     pub number_of_replicas: u32,
     #[serde(default)]
@@ -160,6 +168,13 @@ pub struct VolumeSpec {
     /// engine reads back every block of every replica and repairs bad ones.
     #[serde(default)]
     pub scrub_requested: u64,
+    /// The PersistentVolumeClaim the volume was made for (from the CSI
+    /// provisioner's `--extra-create-metadata`); "" when made otherwise.
+    /// Labels its metrics, as Longhorn's.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub pvc_name: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub pvc_namespace: String,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -247,8 +262,10 @@ pub struct RestoreStatus {
 #[kube(group = "ironhorn.io", version = "v1alpha1", kind = "Engine", namespaced, status = "EngineStatus")]
 #[kube(
     printcolumn = r#"{"name":"State","type":"string","jsonPath":".status.currentState"}"#,
+    printcolumn = r#"{"name":"Volume","type":"string","jsonPath":".spec.volumeName"}"#,
     printcolumn = r#"{"name":"Node","type":"string","jsonPath":".spec.nodeID"}"#,
     printcolumn = r#"{"name":"Epoch","type":"integer","jsonPath":".spec.epoch"}"#,
+    printcolumn = r#"{"name":"Endpoint","type":"string","jsonPath":".status.endpoint"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
@@ -321,13 +338,44 @@ pub struct RebuildProgress {
     pub error: String,
 }
 
+impl RebuildProgress {
+    /// Bytes of the rebuild's work done: a dirty-map rebuild knows what to
+    /// copy up front (its total is that), one by checksums compares the
+    /// whole volume and copies what differs (its total is the volume).
+    pub fn done_bytes(&self) -> u64 {
+        if self.method == "checksums" { self.compared_bytes } else { self.copied_bytes }
+    }
+
+    /// Percent of the work done, 0..=100 (100 once it is done).
+    pub fn percent(&self) -> u32 {
+        if self.state == "done" {
+            return 100;
+        }
+        match self.total_bytes {
+            0 => 0,
+            total => (self.done_bytes().min(total) as u128 * 100 / total as u128) as u32,
+        }
+    }
+
+    /// Bytes copied per second since it started, until `now` or its end.
+    pub fn rate(&self, now: jiff::Timestamp) -> u64 {
+        let Ok(start) = self.started_at.parse::<jiff::Timestamp>() else { return 0 };
+        let end = self.finished_at.parse::<jiff::Timestamp>().unwrap_or(now);
+        let ms = end.as_millisecond() - start.as_millisecond();
+        if ms <= 0 { 0 } else { (self.copied_bytes as u128 * 1000 / ms as u128) as u64 }
+    }
+}
+
 #[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[kube(group = "ironhorn.io", version = "v1alpha1", kind = "Replica", namespaced, status = "ReplicaStatus")]
 #[kube(
     printcolumn = r#"{"name":"State","type":"string","jsonPath":".status.currentState"}"#,
+    printcolumn = r#"{"name":"Mode","type":"string","jsonPath":".status.mode"}"#,
+    printcolumn = r#"{"name":"Rebuilt%","type":"integer","jsonPath":".status.rebuildPercent"}"#,
     printcolumn = r#"{"name":"Volume","type":"string","jsonPath":".spec.volumeName"}"#,
     printcolumn = r#"{"name":"Node","type":"string","jsonPath":".spec.nodeID"}"#,
     printcolumn = r#"{"name":"Disk","type":"string","jsonPath":".spec.diskID"}"#,
+    printcolumn = r#"{"name":"Failed At","type":"string","jsonPath":".spec.failedAt","priority":1}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
@@ -363,6 +411,13 @@ pub struct ReplicaStatus {
     pub address: String,
     #[serde(default)]
     pub error: String,
+    /// RW, WO (rebuilding) or ERR as the volume's engine last reported it;
+    /// "" while no engine serves the volume.
+    #[serde(default)]
+    pub mode: String,
+    /// Percent done of the replica's running rebuild (absent when none runs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rebuild_percent: Option<u32>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -392,6 +447,7 @@ fn yes() -> bool {
 #[kube(
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name":"AllowScheduling","type":"boolean","jsonPath":".spec.allowScheduling"}"#,
+    printcolumn = r#"{"name":"Tags","type":"string","jsonPath":".spec.tags","priority":1}"#,
     printcolumn = r#"{"name":"Zone","type":"string","jsonPath":".status.zone"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]

@@ -49,8 +49,16 @@ pub enum Action {
     RecordReplicaSize { name: String, size: u64 },
 }
 
+/// Bytes per block: sizes are whole blocks.
+pub const BLOCK: u64 = 4096;
+
 pub fn decide(view: &View) -> Vec<Action> {
     let size = view.volume_size;
+    // Sizes are whole blocks (the API and the CRD's schema refuse others;
+    // an object written past them is left alone rather than half-grown).
+    if size % BLOCK != 0 {
+        return Vec::new();
+    }
     let behind: Vec<&ReplicaView> = view.replicas.iter().filter(|r| r.size < size).collect();
     match &view.engine {
         EngineView::Busy => Vec::new(),
@@ -87,6 +95,8 @@ pub fn current_size(view: &View) -> u64 {
 mod tests {
     use super::*;
 
+    const B: u64 = BLOCK;
+
     fn replica(name: &str, size: u64, running: bool) -> ReplicaView {
         ReplicaView { name: name.into(), size, address: running.then(|| format!("{name}:1")) }
     }
@@ -94,51 +104,66 @@ mod tests {
     #[test]
     fn an_attached_volume_grows_through_its_engine_then_the_objects_catch_up() {
         let mut view = View {
-            volume_size: 200,
+            volume_size: 200 * B,
             epoch: 3,
-            engine: EngineView::Running { address: "e:1".into(), size: 100 },
-            replicas: vec![replica("a", 100, true), replica("b", 100, false)],
+            engine: EngineView::Running { address: "e:1".into(), size: 100 * B },
+            replicas: vec![replica("a", 100 * B, true), replica("b", 100 * B, false)],
         };
-        assert_eq!(decide(&view), vec![Action::ExpandEngine { address: "e:1".into(), size: 200 }]);
-        assert_eq!(current_size(&view), 100);
-        view.engine = EngineView::Running { address: "e:1".into(), size: 200 };
+        assert_eq!(decide(&view), vec![Action::ExpandEngine { address: "e:1".into(), size: 200 * B }]);
+        assert_eq!(current_size(&view), 100 * B);
+        view.engine = EngineView::Running { address: "e:1".into(), size: 200 * B };
         assert_eq!(
             decide(&view),
             vec![
-                Action::RecordReplicaSize { name: "a".into(), size: 200 },
-                Action::RecordReplicaSize { name: "b".into(), size: 200 }
+                Action::RecordReplicaSize { name: "a".into(), size: 200 * B },
+                Action::RecordReplicaSize { name: "b".into(), size: 200 * B }
             ]
         );
-        view.replicas.iter_mut().for_each(|r| r.size = 200);
+        view.replicas.iter_mut().for_each(|r| r.size = 200 * B);
         assert!(decide(&view).is_empty());
-        assert_eq!(current_size(&view), 200);
+        assert_eq!(current_size(&view), 200 * B);
     }
 
     #[test]
     fn a_detached_volume_grows_running_replicas_directly_and_records_the_rest() {
         let view = View {
-            volume_size: 200,
+            volume_size: 200 * B,
             epoch: 3,
             engine: EngineView::Absent,
-            replicas: vec![replica("a", 100, true), replica("b", 100, false), replica("c", 200, true)],
+            replicas: vec![replica("a", 100 * B, true), replica("b", 100 * B, false), replica("c", 200 * B, true)],
         };
         assert_eq!(
             decide(&view),
             vec![
-                Action::ExpandReplica { name: "a".into(), address: "a:1".into(), size: 200, epoch: 3 },
-                Action::RecordReplicaSize { name: "b".into(), size: 200 },
+                Action::ExpandReplica { name: "a".into(), address: "a:1".into(), size: 200 * B, epoch: 3 },
+                Action::RecordReplicaSize { name: "b".into(), size: 200 * B },
             ]
         );
-        assert_eq!(current_size(&view), 100);
+        assert_eq!(current_size(&view), 100 * B);
+    }
+
+    #[test]
+    fn a_size_of_no_whole_blocks_is_left_alone() {
+        let view = View {
+            volume_size: 200 * B + 512,
+            epoch: 3,
+            engine: EngineView::Running { address: "e:1".into(), size: 100 * B },
+            replicas: vec![replica("a", 100 * B, true)],
+        };
+        assert!(decide(&view).is_empty());
     }
 
     #[test]
     fn nothing_happens_while_the_engine_settles_or_when_nothing_is_behind() {
-        let view =
-            View { volume_size: 200, epoch: 1, engine: EngineView::Busy, replicas: vec![replica("a", 100, true)] };
+        let view = View {
+            volume_size: 200 * B,
+            epoch: 1,
+            engine: EngineView::Busy,
+            replicas: vec![replica("a", 100 * B, true)],
+        };
         assert!(decide(&view).is_empty());
-        let view = View { engine: EngineView::Absent, volume_size: 100, ..view };
+        let view = View { engine: EngineView::Absent, volume_size: 100 * B, ..view };
         assert!(decide(&view).is_empty());
-        assert_eq!(current_size(&view), 100);
+        assert_eq!(current_size(&view), 100 * B);
     }
 }

@@ -13,6 +13,7 @@ pub mod datastore;
 pub mod epoch;
 pub mod events;
 pub mod expansion;
+pub mod follow;
 pub mod leader;
 pub mod metrics;
 pub mod registration;
@@ -25,6 +26,7 @@ pub mod simnet;
 pub mod snapshots;
 pub mod standalone;
 pub mod ui;
+pub mod watch;
 
 use std::net::SocketAddr;
 use std::time::Duration;

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use ironhorn_manager::client::{call, wait_for};
+use ironhorn_manager::follow::{Stream, follow};
 use ironhorn_manager::{cluster::GrpcCluster, crd, standalone};
 use serde_json::{Value, json};
 
@@ -164,14 +165,24 @@ enum VolumeCommand {
     List,
     Get {
         name: String,
+        /// Keep showing the volume as it changes (state, robustness, each
+        /// rebuild's progress) until interrupted: progress bars on a
+        /// terminal, a line per change otherwise.
+        #[arg(long, short = 'w')]
+        watch: bool,
     },
-    /// Attach to a node and print the endpoint once attached.
+    /// Attach to a node and print the endpoint once attached (progress on
+    /// stderr while waiting).
     Attach {
         name: String,
         #[arg(long)]
         node: String,
         #[arg(long, value_enum)]
         frontend: Option<FrontendArg>,
+        /// Also wait until every replica is rebuilt and the volume healthy,
+        /// showing the rebuilds' progress.
+        #[arg(long)]
+        wait_healthy: bool,
         #[arg(long, default_value_t = 120)]
         timeout_secs: u64,
     },
@@ -265,15 +276,7 @@ fn s(v: &Value) -> String {
 }
 
 fn bytes(v: &Value) -> String {
-    let Some(n) = v.as_u64() else { return s(v) };
-    const UNITS: [(&str, u64); 4] = [("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)];
-    for (unit, size) in UNITS {
-        if n >= size {
-            let value = n as f64 / size as f64;
-            return if n % size == 0 { format!("{}{unit}", n / size) } else { format!("{value:.1}{unit}") };
-        }
-    }
-    format!("{n}B")
+    v.as_u64().map(ironhorn_proto::units::format_size).unwrap_or_else(|| s(v))
 }
 
 fn condition_message(volume: &Value, type_: &str) -> Option<(String, String)> {
@@ -368,7 +371,7 @@ async fn drive(cli: Cli) -> Result<(), String> {
             }
         }
         Command::Crds => {
-            print!("{}", crd::crds_yaml());
+            ironhorn_proto::say!("{}", crd::crds_yaml().trim_end());
             Ok(())
         }
         Command::Csi { endpoint, node_id, mode, state_dir } => {
@@ -407,7 +410,10 @@ async fn drive(cli: Cli) -> Result<(), String> {
                 }
                 Ok(())
             }
-            VolumeCommand::Get { name } => {
+            VolumeCommand::Get { name, watch: true } => {
+                follow(api, &name, Stream::Stdout, |_| false, None).await.map(drop)
+            }
+            VolumeCommand::Get { name, watch: false } => {
                 let v = call(api, "GET", &format!("/v1/volumes/{name}"), None).await?;
                 if json_out {
                     print_json(&v)
@@ -416,12 +422,17 @@ async fn drive(cli: Cli) -> Result<(), String> {
                 }
                 Ok(())
             }
-            VolumeCommand::Attach { name, node, frontend, timeout_secs } => {
+            VolumeCommand::Attach { name, node, frontend, wait_healthy, timeout_secs } => {
                 let mut body = json!({ "node": node });
                 if let Some(f) = frontend {
                     body["frontend"] = json!(f.as_str());
                 }
                 call(api, "POST", &format!("/v1/volumes/{name}/attach"), Some(&body)).await?;
+                let timeout = Some(Duration::from_secs(timeout_secs));
+                let attached = |view: &ironhorn_manager::watch::View| {
+                    view.state == "attached" && (!wait_healthy || (view.settled() && view.robustness == "healthy"))
+                };
+                follow(api, &name, Stream::Stderr, attached, timeout).await?;
                 let v = wait_for(api, &name, Duration::from_secs(timeout_secs), |v| {
                     v.is_some_and(|v| v["status"]["state"] == "attached" && !s(&v["status"]["endpoint"]).is_empty())
                 })

@@ -184,6 +184,13 @@ async fn the_roles_grant_exactly_the_requests_the_code_makes() {
         ("GET", "/v1/volumes", None, 200),
         ("GET", "/v1/volumes/v1", None, 200),
         ("GET", "/v1/nodes", None, 200),
+        (
+            "POST",
+            "/v1/nodes/n2",
+            Some(json!({ "tags": ["ssd"], "disks": { "disk-1": { "allowScheduling": true } } })),
+            200,
+        ),
+        ("POST", "/v1/nodes/n2", Some(json!({ "tags": ["ssd"] })), 200),
         ("GET", "/v1/replicas", None, 200),
         ("GET", "/v1/engines", None, 200),
         ("GET", "/v1/snapshots", None, 200),

@@ -257,6 +257,33 @@ function rebuildCell(p) {
     <span class="muted">${pct.toFixed(0)}% · ${esc(p.method)} · copied ${bytes(p.copiedBytes)} of ${bytes(total)} · ${bytes(rate)}/s</span></div>`;
 }
 
+// ---- I/O charts -----------------------------------------------------------
+
+const CHART_POINTS = 60;
+
+// A small line chart of one or two series (inline SVG, no library).
+function lineChart(title, series, format) {
+  const w = 300, h = 80, n = CHART_POINTS;
+  const max = Math.max(1, ...series.flatMap((s) => s.values));
+  const line = (values) => values.map((y, i) => `${((i + n - values.length) * w / (n - 1)).toFixed(1)},${(h - (h - 4) * y / max).toFixed(1)}`).join(" ");
+  const last = series.map((s) => `<span class="key" style="color:${s.color}">${esc(s.name)} ${esc(format(s.values[s.values.length - 1] || 0))}</span>`).join(" ");
+  return `<figcaption>${esc(title)} ${last}</figcaption>
+    <svg viewBox="0 0 ${w} ${h}" preserveAspectRatio="none" role="img" aria-label="${esc(title)}">
+      ${series.map((s) => `<polyline fill="none" stroke="${s.color}" stroke-width="1.5" points="${line(s.values)}"/>`).join("")}</svg>`;
+}
+
+function drawCharts(samples) {
+  const pick = (k) => samples.map((x) => x[k] || 0);
+  const num = (x) => (x >= 100 ? x.toFixed(0) : x.toFixed(1));
+  const ms = (ns) => `${(ns / 1e6).toFixed(2)} ms`;
+  $("#chart-iops").innerHTML = lineChart("IOPS", [{ name: "read", color: "#2a7", values: pick("readIops") }, { name: "write", color: "#36c", values: pick("writeIops") }], num);
+  $("#chart-throughput").innerHTML = lineChart("Throughput", [{ name: "read", color: "#2a7", values: pick("readThroughput") }, { name: "write", color: "#36c", values: pick("writeThroughput") }], (b) => `${bytes(b)}/s`);
+  $("#chart-latency").innerHTML = lineChart("Latency", [{ name: "read", color: "#2a7", values: pick("readLatencyNs") }, { name: "write", color: "#36c", values: pick("writeLatencyNs") }], ms);
+  for (const [id, k] of [["chart-iops", "writeIops"], ["chart-throughput", "writeThroughput"], ["chart-latency", "writeLatencyNs"]]) {
+    $(`#${id}`).dataset.last = String(pick(k)[samples.length - 1] || 0);
+  }
+}
+
 views.volume = (name) => ({
   mount(root) {
     root.innerHTML = `<h1>Volume <span id="volume-name">${esc(name)}</span> <span id="robustness"></span></h1>
@@ -271,6 +298,8 @@ views.volume = (name) => ({
           <button id="delete" type="button" class="danger">Delete</button>
         </div>
         <div id="confirm"></div><div id="action-error" class="error-line"></div></div>
+      <h2>I/O</h2><div class="panel charts" id="io"><div class="muted" id="io-note">shown while attached</div>
+        <figure id="chart-iops"></figure><figure id="chart-throughput"></figure><figure id="chart-latency"></figure></div>
       <h2>Replicas</h2><div class="panel" id="replicas"></div>
       <h2>Snapshots</h2><div class="panel"><form id="snapshot" class="inline"><input name="snap" placeholder="snapshot name"><button type="submit">Take snapshot</button></form><div id="snapshots"></div></div>
       <h2>Events</h2><div class="panel" id="events"></div>`;
@@ -298,7 +327,18 @@ views.volume = (name) => ({
       const b = ev.target.closest("button[data-snapshot]");
       if (b) act(() => api("DELETE", `${v}/snapshots/${encodeURIComponent(b.dataset.snapshot)}`));
     });
+    // The engine's I/O figures, a sample a second while the page is open.
+    this.samples = [];
+    this.timer = setInterval(async () => {
+      let io;
+      try { io = await get(`${v}/io`); } catch (_) { $("#io-note").textContent = "shown while attached"; return; }
+      this.samples.push(io);
+      if (this.samples.length > CHART_POINTS) this.samples.shift();
+      $("#io-note").textContent = `last ${this.samples.length} s`;
+      drawCharts(this.samples);
+    }, 1000);
   },
+  unmount() { clearInterval(this.timer); },
   async refresh() {
     let volume;
     try { volume = await get(`/v1/volumes/${encodeURIComponent(name)}`); } catch (e) {
@@ -358,15 +398,36 @@ views.volume = (name) => ({
 views.nodes = () => ({
   mount(root) {
     root.innerHTML = `<h1>Nodes</h1><div id="view-error" class="error-line"></div><div class="panel" id="nodes"></div><h2>Disks</h2><div class="panel" id="disks"></div>`;
+    const update = async (node, body, errorAt) => {
+      try { await api("POST", `/v1/nodes/${encodeURIComponent(node)}`, body); scheduleRefresh(); } catch (e) { errorAt.textContent = e.message; }
+    };
+    root.addEventListener("change", (ev) => {
+      const box = ev.target;
+      if (box.dataset.nodeScheduling) update(box.dataset.nodeScheduling, { allowScheduling: box.checked }, $("#view-error"));
+      if (box.dataset.diskScheduling) {
+        const [node, disk] = box.dataset.diskScheduling.split("/");
+        update(node, { disks: { [disk]: { allowScheduling: box.checked } } }, $("#view-error"));
+      }
+    });
+    root.addEventListener("submit", (ev) => {
+      const f = ev.target.closest("form[data-node-tags]");
+      if (!f) return;
+      ev.preventDefault();
+      $(".field-error", f).textContent = "";
+      const tags = f.tags.value.split(",").map((t) => t.trim()).filter(Boolean);
+      update(f.dataset.nodeTags, { tags }, $(".field-error", f));
+    });
   },
   async refresh() {
+    const editing = document.activeElement && document.activeElement.closest && document.activeElement.closest("form[data-node-tags]");
+    if (editing) return; // keep what is being typed
     const nodes = await get("/v1/nodes");
     $("#nodes").innerHTML = table([
       { key: "name", title: "Node" },
       { key: "ready", title: "Ready", render: (n) => badge(n.ready) },
-      { key: "allow", title: "Scheduling", render: (n) => (n.allow ? "allowed" : "disabled") },
+      { key: "allow", title: "Scheduling", render: (n) => `<label class="toggle"><input type="checkbox" data-node-scheduling="${esc(n.name)}" ${n.allow ? "checked" : ""}> ${n.allow ? "allowed" : "disabled"}</label>` },
       { key: "zone", title: "Zone" },
-      { key: "tags", title: "Tags" },
+      { key: "tags", title: "Tags", render: (n) => `<form class="inline" data-node-tags="${esc(n.name)}"><input name="tags" value="${esc(n.tags)}" placeholder="tag, tag" size="12"><button type="submit" class="secondary">Save</button><span class="field-error"></span></form>` },
       { key: "conditions", title: "Conditions", narrow: true },
     ], nodes.map((n) => ({
       name: n.metadata.name, ready: nodeReady(n), allow: n.spec.allowScheduling, zone: (n.status && n.status.zone) || "",
@@ -378,7 +439,7 @@ views.nodes = () => ({
       { key: "bar", title: "Capacity", sortable: false, render: (d) => capacityBar(d.max, d.used, d.scheduled, d.reserved) },
       { key: "max", title: "Maximum", render: (d) => bytes(d.max) }, { key: "available", title: "Available", render: (d) => bytes(d.available) },
       { key: "scheduled", title: "Scheduled", render: (d) => bytes(d.scheduled), narrow: true }, { key: "reserved", title: "Reserved", render: (d) => bytes(d.reserved), narrow: true },
-      { key: "allow", title: "Scheduling", render: (d) => (d.allow ? "allowed" : "disabled"), narrow: true },
+      { key: "allow", title: "Scheduling", render: (d) => `<label class="toggle"><input type="checkbox" data-disk-scheduling="${esc(d.node)}/${esc(d.disk)}" ${d.allow ? "checked" : ""}> ${d.allow ? "allowed" : "disabled"}</label>`, narrow: true },
       { key: "path", title: "Path", narrow: true }, { key: "conditions", title: "Conditions", narrow: true },
     ], disks(nodes));
   },
@@ -433,6 +494,7 @@ function route() {
     const target = a.getAttribute("href");
     a.classList.toggle("active", target === `#/${page || ""}` || (page === "volume" && target === "#/volumes"));
   }
+  if (current && current.unmount) current.unmount();
   current = view;
   view.mount($("#view"));
   safely(view.refresh);

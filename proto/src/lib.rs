@@ -202,9 +202,32 @@ pub mod units {
         value.checked_mul(1u64 << shift).ok_or_else(|| format!("size {text:?} is too large"))
     }
 
+    /// `n` bytes in the largest binary unit it reaches: `1GiB`, `1.5MiB`, `512B`.
+    pub fn format_size(n: u64) -> String {
+        const UNITS: [(&str, u64); 4] = [("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)];
+        for (unit, size) in UNITS {
+            if n >= size {
+                return if n % size == 0 {
+                    format!("{}{unit}", n / size)
+                } else {
+                    format!("{:.1}{unit}", n as f64 / size as f64)
+                };
+            }
+        }
+        format!("{n}B")
+    }
+
     #[cfg(test)]
     mod tests {
         use super::*;
+
+        #[test]
+        fn formats_sizes() {
+            assert_eq!(format_size(1 << 30), "1GiB");
+            assert_eq!(format_size(3 << 19), "1.5MiB");
+            assert_eq!(format_size(512), "512B");
+            assert_eq!(format_size(0), "0B");
+        }
 
         #[test]
         fn parses_sizes() {

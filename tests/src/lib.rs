@@ -3,6 +3,7 @@
 //! volume groups with unique names and remove exactly those, and talk to
 //! replicas over their gRPC data stream.
 
+pub mod bidi;
 pub mod chaos;
 pub mod nbd_wire;
 

@@ -91,28 +91,57 @@ fn three_replicas_on_three_nodes_attach_fio_detach_delete_gives_space_back() {
     assert_eq!(volume["status"]["currentNodeID"], "n-1");
     cluster.wait(Duration::from_secs(20), "v1 healthy", || cluster.volume("v1")["status"]["robustness"] == "healthy");
     run_ok(fio_verify(&endpoint, "128M"));
-    // The manager's Prometheus page has the engine's counters and the disks.
+    // The manager's Prometheus page, read with a Prometheus text parser:
+    // Longhorn's volume metrics, the engine's counters, the disks.
     let page = cluster.http_get("/metrics").expect("GET /metrics");
-    let sample = |name: &str| -> u64 {
-        let line = page.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("no {name} in\n{page}"));
-        line.rsplit(' ').next().unwrap().parse().unwrap_or_else(|_| panic!("{line}"))
+    let scrape = prometheus_parse::Scrape::parse(page.lines().map(|l| Ok(l.to_string()))).expect("the page parses");
+    let sample = |name: &str, labels: &[(&str, &str)]| -> f64 {
+        let found: Vec<_> = scrape
+            .samples
+            .iter()
+            .filter(|s| s.metric == name && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+            .collect();
+        assert_eq!(found.len(), 1, "one {name} {labels:?} in\n{page}");
+        match found[0].value {
+            prometheus_parse::Value::Gauge(v) | prometheus_parse::Value::Counter(v) => v,
+            ref other => panic!("{name}: {other:?}"),
+        }
     };
-    assert_eq!(sample("ironhorn_volume_metrics_up{volume=\"v1\"}"), 1);
-    assert_eq!(sample("ironhorn_volume_robustness{volume=\"v1\"}"), 1, "healthy");
-    assert_eq!(sample("ironhorn_volume_state{volume=\"v1\"}"), 2, "attached");
-    assert_eq!(sample("ironhorn_volume_size_bytes{volume=\"v1\"}"), 256 << 20);
+    let v1 = [("volume", "v1")];
+    let v1_on_n1 = [("volume", "v1"), ("node", "n-1"), ("pvc", "")];
+    assert_eq!(sample("ironhorn_volume_metrics_up", &v1), 1.0);
+    assert_eq!(sample("ironhorn_volume_robustness", &v1_on_n1), 1.0, "healthy");
+    assert_eq!(sample("ironhorn_volume_state", &v1_on_n1), 2.0, "attached");
+    assert_eq!(sample("ironhorn_volume_capacity_bytes", &v1_on_n1), (256u64 << 20) as f64);
+    assert_eq!(sample("ironhorn_volume_size_bytes", &v1), (256u64 << 20) as f64);
     for r in &replicas {
         let name = r["metadata"]["name"].as_str().unwrap();
-        assert_eq!(sample(&format!("ironhorn_replica_mode{{volume=\"v1\",replica=\"{name}\"}}")), 1, "RW");
+        let node = r["spec"]["nodeID"].as_str().unwrap();
+        assert_eq!(sample("ironhorn_replica_mode", &[("volume", "v1"), ("replica", name)]), 1.0, "RW");
+        // fio wrote 128 MiB: each replica's store holds at least that.
+        let used = sample("ironhorn_volume_actual_size_bytes", &[("volume", "v1"), ("node", node)]);
+        assert!(used >= (128u64 << 20) as f64, "{name} on {node}: {used}");
     }
     // fio wrote and verified 128 MiB: at least that many bytes each way.
-    assert!(sample("ironhorn_volume_bytes_total{volume=\"v1\",op=\"write\"}") >= 128 << 20, "{page}");
-    assert!(sample("ironhorn_volume_bytes_total{volume=\"v1\",op=\"read\"}") >= 128 << 20, "{page}");
-    let writes = sample("ironhorn_volume_requests_total{volume=\"v1\",op=\"write\"}");
-    assert_eq!(sample("ironhorn_volume_request_duration_seconds_count{volume=\"v1\",op=\"write\"}"), writes);
-    assert_eq!(sample("ironhorn_volume_request_errors_total{volume=\"v1\",op=\"write\"}"), 0);
-    assert_eq!(sample("ironhorn_disk_storage_scheduled_bytes{node=\"n-1\",disk=\"disk-1\"}"), 256 << 20);
-    assert!(sample("ironhorn_disk_storage_maximum_bytes{node=\"n-1\",disk=\"disk-1\"}") > 0);
+    let (write, read) = ([("volume", "v1"), ("op", "write")], [("volume", "v1"), ("op", "read")]);
+    assert!(sample("ironhorn_volume_bytes_total", &write) >= (128u64 << 20) as f64, "{page}");
+    assert!(sample("ironhorn_volume_bytes_total", &read) >= (128u64 << 20) as f64, "{page}");
+    let writes = sample("ironhorn_volume_requests_total", &write);
+    let histogram = scrape
+        .samples
+        .iter()
+        .find(|s| s.metric == "ironhorn_volume_request_duration_seconds" && s.labels.get("op") == Some("write"))
+        .expect("the write latency histogram");
+    let prometheus_parse::Value::Histogram(buckets) = &histogram.value else { panic!("{histogram:?}") };
+    assert_eq!(buckets.last().map(|b| (b.less_than, b.count)), Some((f64::INFINITY, writes)));
+    assert_eq!(sample("ironhorn_volume_request_errors_total", &write), 0.0);
+    let disk = [("node", "n-1"), ("disk", "disk-1")];
+    assert_eq!(sample("ironhorn_disk_storage_scheduled_bytes", &disk), (256u64 << 20) as f64);
+    assert!(sample("ironhorn_disk_capacity_bytes", &disk) > 0.0);
+    assert_eq!(sample("ironhorn_node_count_total", &[]), 3.0);
+    assert_eq!(sample("ironhorn_node_status", &[("node", "n-1"), ("condition", "ready")]), 1.0);
+    let im = sample("ironhorn_instance_manager_memory_usage_bytes", &[("node", "n-1")]);
+    assert!(im > (1u64 << 20) as f64, "an instance manager and its processes use memory: {im}");
     let table = cluster.cli(&["volume", "list"]).unwrap();
     assert!(table.contains("attached") && table.contains("healthy") && table.contains("n-1"), "{table}");
 

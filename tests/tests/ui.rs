@@ -4,7 +4,10 @@
 //! of its replicas killed under writes: the page shows degraded, a moving
 //! rebuild progress bar, then healthy, all without a reload; the volume
 //! deleted through the confirmation. Screenshots of each step are saved
-//! (the test prints where).
+//! (the test prints where). Alongside: the volume page's live I/O chart
+//! under writes; `ironhorn volume get --watch` (stdout a pipe) printing the
+//! rebuild's progress lines and ending in healthy; a node's scheduling
+//! toggle and tags; the pages at a phone's width.
 
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
@@ -123,6 +126,123 @@ async fn fill_create(c: &Client, name: &str, size: &str) {
     click(c, "#create-submit").await;
 }
 
+/// `ironhorn volume get NAME --watch` with stdout a pipe: its lines, as
+/// they come, collected by a thread. Killed by its pid when dropped.
+struct Watcher {
+    child: Child,
+    lines: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl Watcher {
+    fn start(api: &str, volume: &str) -> Watcher {
+        use std::io::BufRead;
+        let mut child = Command::new(binary("ironhorn"))
+            .args(["--api", api, "volume", "get", volume, "--watch"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("ironhorn volume get --watch");
+        let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let out = child.stdout.take().unwrap();
+        let sink = lines.clone();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                sink.lock().unwrap().push(line);
+            }
+        });
+        Watcher { child, lines }
+    }
+
+    fn lines(&self) -> Vec<String> {
+        self.lines.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The percent a watch line gives for `replica`'s rebuild.
+fn rebuild_percent(line: &str, replica: &str) -> Option<u32> {
+    let rest = line.split(&format!("rebuilding {replica}: ")).nth(1)?;
+    rest.split('%').next()?.parse().ok()
+}
+
+/// The page is no wider than the window (tables scroll inside their
+/// panels), at whatever size the window has.
+async fn fits_the_window(c: &Client, page: &str) {
+    let sizes = c
+        .execute("return [document.documentElement.scrollWidth, window.innerWidth]", vec![])
+        .await
+        .expect("page widths");
+    let (page_width, window) = (sizes[0].as_u64().unwrap(), sizes[1].as_u64().unwrap());
+    assert!(page_width <= window, "{page}: the page is {page_width} px wide in a {window} px window");
+}
+
+/// A promise that polls `check` (a JS expression) every 100 ms and resolves
+/// to its value once truthy, or rejects naming `what` after 15 s.
+fn poll_js(check: &str, what: &str) -> String {
+    let what = serde_json::to_string(&format!("timed out waiting for {what}")).unwrap();
+    format!(
+        "new Promise((resolve, reject) => {{ const t0 = Date.now(); const tick = () => {{ let v = null; \
+         try {{ v = ({check}); }} catch (_) {{}} if (v) resolve(v); \
+         else if (Date.now() - t0 > 15000) reject(new Error({what})); \
+         else setTimeout(tick, 100); }}; tick(); }})"
+    )
+}
+
+/// The same UI in Firefox (WebDriver BiDi): the volumes list live and
+/// healthy, the volume page's replicas, a phone's width.
+fn firefox_shows_the_volume(base: &str, log_dir: &Path) {
+    use ironhorn_tests::bidi::{Bidi, Firefox};
+    let firefox = Firefox::start(log_dir);
+    let mut b = Bidi::connect(firefox.port, Duration::from_secs(60)).expect("a BiDi session with Firefox");
+    let ctx = b.context().unwrap();
+    let go = |b: &mut Bidi, url: String| {
+        b.command("browsingContext.navigate", serde_json::json!({ "context": ctx, "url": url, "wait": "complete" }))
+            .unwrap()
+    };
+    go(&mut b, format!("{base}/#/volumes"));
+    let robustness = b
+        .evaluate(
+            &ctx,
+            &poll_js(
+                &format!("document.querySelector('#live').textContent === 'live' && document.querySelector('tr[data-volume={VOLUME}] td.robustness').textContent"),
+                "the volume's row",
+            ),
+        )
+        .expect("the volumes page in Firefox");
+    assert_eq!(robustness, "healthy");
+    go(&mut b, format!("{base}/#/volume/{VOLUME}"));
+    let rw = b
+        .evaluate(
+            &ctx,
+            &poll_js(
+                "[...document.querySelectorAll('#replicas td.mode')].filter((td) => td.textContent === 'RW').length === 3 && 3",
+                "three RW replicas",
+            ),
+        )
+        .expect("the volume page in Firefox");
+    assert_eq!(rw, 3);
+    b.command(
+        "browsingContext.setViewport",
+        serde_json::json!({ "context": ctx, "viewport": { "width": 390, "height": 844 } }),
+    )
+    .unwrap();
+    for page in ["#/", "#/volumes", "#/nodes"] {
+        go(&mut b, format!("{base}/{page}"));
+        let widths = b
+            .evaluate(&ctx, &poll_js("document.querySelector('#live').textContent === 'live' && [document.documentElement.scrollWidth, window.innerWidth]", "the live stream"))
+            .unwrap();
+        let (page_width, window) = (widths[0]["value"].as_u64().unwrap(), widths[1]["value"].as_u64().unwrap());
+        assert!(page_width <= window, "Firefox, {page}: the page is {page_width} px wide in a {window} px window");
+    }
+    println!("Firefox: volumes, volume page and phone width checked");
+}
+
 fn fio_writes(endpoint: &str, seconds: u64) -> Child {
     require_tool("fio", "fio");
     Command::new("fio")
@@ -187,6 +307,7 @@ fn the_ui_creates_attaches_shows_a_rebuild_live_and_deletes() {
         click(&c, "#attach").await;
         wait_text(&c, "#robustness", "healthy", Duration::from_secs(60), |t| t == "healthy").await;
         shots.take(&c, "attached-healthy").await;
+        let watcher = Watcher::start(&base, VOLUME);
 
         // Kill a replica off the engine's node while writes run.
         let endpoint = cluster.volume(VOLUME)["status"]["endpoint"].as_str().unwrap().to_string();
@@ -204,6 +325,18 @@ fn the_ui_creates_attaches_shows_a_rebuild_live_and_deletes() {
             assert!(Instant::now() < deadline, "no writes in flight");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+        // The page's I/O chart shows the writes (a sample a second).
+        wait_text(&c, "#io-note", "I/O samples", Duration::from_secs(10), |t| t.starts_with("last")).await;
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let last = c.find(Locator::Css("#chart-iops")).await.unwrap().attr("data-last").await.unwrap();
+            if last.and_then(|v| v.parse::<f64>().ok()).is_some_and(|v| v > 0.0) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the IOPS chart shows no writes while fio writes");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        shots.take(&c, "io-chart").await;
         let victim =
             cluster.replicas_of(VOLUME).into_iter().find(|r| r["spec"]["nodeID"] != "n-1").expect("a remote replica");
         let (name, node) = (victim["metadata"]["name"].as_str().unwrap(), victim["spec"]["nodeID"].as_str().unwrap());
@@ -257,6 +390,23 @@ fn the_ui_creates_attaches_shows_a_rebuild_live_and_deletes() {
         let _ = fio.kill();
         let _ = fio.wait();
 
+        // The terminal watch saw it too: degraded, the rebuild's progress
+        // moving, then healthy.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !watcher.lines().last().is_some_and(|l| l.contains(" healthy") && !l.contains("rebuilding")) {
+            assert!(Instant::now() < deadline, "the watch did not end in healthy: {:#?}", watcher.lines());
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let lines = watcher.lines();
+        drop(watcher);
+        println!("volume get --watch printed:\n{}", lines.join("\n"));
+        let percents: Vec<u32> = lines.iter().filter_map(|l| rebuild_percent(l, name)).collect();
+        assert!(percents.len() >= 2, "fewer than two progress lines for {name}: {lines:#?}");
+        assert!(percents.windows(2).all(|w| w[0] <= w[1]) && percents.last() > percents.first(), "{percents:?}");
+        let degraded = lines.iter().position(|l| l.contains(" degraded")).expect("a degraded line");
+        let rebuilding = lines.iter().position(|l| rebuild_percent(l, name).is_some()).unwrap();
+        assert!(degraded <= rebuilding, "{lines:#?}");
+
         // The dashboard and the other pages render.
         c.goto(&format!("{base}/#/")).await.unwrap();
         wait_text(&c, ".card[data-robustness=healthy] .n", "one healthy", Duration::from_secs(10), |t| t == "1").await;
@@ -264,6 +414,66 @@ fn the_ui_creates_attaches_shows_a_rebuild_live_and_deletes() {
         c.goto(&format!("{base}/#/nodes")).await.unwrap();
         wait_text(&c, "tr[data-node=n-3] td.ready", "node n-3 ready", Duration::from_secs(10), |t| t == "True").await;
         shots.take(&c, "nodes").await;
+        // Scheduling off and on again, and a tag, from the nodes page.
+        let node = || {
+            cluster
+                .json(&["node", "list"])
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|n| n["metadata"]["name"] == "n-3")
+                .cloned()
+                .unwrap()
+        };
+        click(&c, "input[data-node-scheduling=n-3]").await;
+        wait_text(&c, "tr[data-node=n-3] td.allow", "scheduling off", Duration::from_secs(10), |t| {
+            t.contains("disabled")
+        })
+        .await;
+        assert_eq!(node()["spec"]["allowScheduling"], false);
+        click(&c, "input[data-node-scheduling=n-3]").await;
+        wait_text(&c, "tr[data-node=n-3] td.allow", "scheduling on", Duration::from_secs(10), |t| {
+            t.contains("allowed")
+        })
+        .await;
+        assert_eq!(node()["spec"]["allowScheduling"], true);
+        let tags = c.find(Locator::Css("form[data-node-tags=n-3] input[name=tags]")).await.unwrap();
+        tags.clear().await.unwrap();
+        tags.send_keys("ssd, fast").await.unwrap();
+        click(&c, "form[data-node-tags=n-3] button").await;
+        cluster.wait(Duration::from_secs(10), "n-3 tagged", || {
+            node()["spec"]["tags"] == serde_json::json!(["ssd", "fast"])
+        });
+        // A bad tag gets the API's error beside the field.
+        let tags = c.find(Locator::Css("form[data-node-tags=n-3] input[name=tags]")).await.unwrap();
+        tags.clear().await.unwrap();
+        tags.send_keys("no spaces please").await.unwrap();
+        click(&c, "form[data-node-tags=n-3] button").await;
+        wait_text(&c, "form[data-node-tags=n-3] .field-error", "tag error", Duration::from_secs(10), |t| {
+            t.contains("tag")
+        })
+        .await;
+
+        // A phone's width: every page fits, the tables scroll inside.
+        c.set_window_size(390, 844).await.unwrap();
+        for page in ["#/", "#/volumes", &format!("#/volume/{VOLUME}"), "#/nodes", "#/settings", "#/events"] {
+            c.goto(&format!("{base}/{page}")).await.unwrap();
+            wait_text(&c, "#live", "the live stream", Duration::from_secs(10), |t| t == "live").await;
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            fits_the_window(&c, page).await;
+        }
+        shots.take(&c, "phone-events").await;
+        c.goto(&format!("{base}/#/volume/{VOLUME}")).await.unwrap();
+        wait_text(&c, "#robustness", "healthy", Duration::from_secs(10), |t| t == "healthy").await;
+        shots.take(&c, "phone-volume").await;
+        c.set_window_size(1280, 900).await.unwrap();
+
+        // The same pages in Firefox.
+        let log_dir = cluster.dir.path().to_path_buf();
+        let firefox_base = base.clone();
+        std::thread::spawn(move || firefox_shows_the_volume(&firefox_base, &log_dir))
+            .join()
+            .expect("the Firefox check");
 
         // Delete with the confirmation naming the volume.
         c.goto(&format!("{base}/#/volume/{VOLUME}")).await.unwrap();

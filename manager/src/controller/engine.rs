@@ -76,6 +76,7 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
             {
                 self.reconcile_snapshots(snapshot, &name, holder).await?;
             }
+            self.set_replica_modes(replicas, &BTreeMap::new(), &BTreeMap::new()).await?;
             return self
                 .set_volume_status(&name, |s| {
                     s.state = if all_up { "detached".into() } else { "creating".into() };
@@ -296,6 +297,7 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
         .map_err(ds)?;
 
         if let Ok(engine_status) = &status {
+            self.set_replica_modes(replicas, &modes, &progress).await?;
             self.heal(snapshot, volume, engine, &instance.address, engine_status, replicas).await?;
             self.reconcile_snapshots(snapshot, &name, volume_snapshots::Holder::Engine(&instance.address)).await?;
         }

@@ -50,6 +50,36 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
         .map_err(ds)
     }
 
+    /// Each replica's mode and running rebuild's percent as the volume's
+    /// engine reported them (empty maps: no engine serves it), for
+    /// `kubectl get replicas.ironhorn.io`. Written only when they change.
+    pub(super) async fn set_replica_modes(
+        &self,
+        replicas: &[&Replica],
+        modes: &BTreeMap<String, String>,
+        progress: &BTreeMap<String, RebuildProgress>,
+    ) -> Outcome {
+        for replica in replicas {
+            let name = replica.name_any();
+            let mode = modes.get(&name).cloned().unwrap_or_default();
+            let rebuild = progress.get(&name).filter(|p| p.state == "running").map(RebuildProgress::percent);
+            let status = replica.status.clone().unwrap_or_default();
+            if status.mode == mode && status.rebuild_percent == rebuild {
+                continue;
+            }
+            update_status::<Replica, D>(&self.store, &name, |r| {
+                let s = r.status.get_or_insert_default();
+                let changed = s.mode != mode || s.rebuild_percent != rebuild;
+                s.mode = mode.clone();
+                s.rebuild_percent = rebuild;
+                changed
+            })
+            .await
+            .map_err(ds)?;
+        }
+        Ok(())
+    }
+
     pub(super) async fn set_replica_state(&self, name: &str, state: &str, address: &str, error: &str) -> Outcome {
         update_status::<Replica, D>(&self.store, name, |r| {
             let s = r.status.get_or_insert_default();

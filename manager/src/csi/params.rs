@@ -80,6 +80,9 @@ pub struct VolumeParams {
     pub fs_type: Option<&'static str>,
     /// An ephemeral inline volume's size (its `size` attribute).
     pub size: Option<u64>,
+    /// The claim it is made for, when the provisioner says (metrics labels).
+    pub pvc_name: String,
+    pub pvc_namespace: String,
 }
 
 fn bad(key: &str, why: impl Into<String>) -> RequestError {
@@ -164,7 +167,9 @@ pub fn parse_parameters(params: &HashMap<String, String>, ephemeral: bool) -> Re
                 let bytes = ironhorn_proto::units::parse_size(value).map_err(|e| bad(key, e))?;
                 out.size = Some(bytes.div_ceil(BLOCK) * BLOCK);
             }
-            // What the sidecars and the kubelet add (PV/PVC names, the
+            "csi.storage.k8s.io/pvc/name" => out.pvc_name = value.to_string(),
+            "csi.storage.k8s.io/pvc/namespace" => out.pvc_namespace = value.to_string(),
+            // What the sidecars and the kubelet add (the PV's name, the
             // ephemeral marker, the pod's identity).
             k if k.starts_with("csi.storage.k8s.io/") => {}
             k => match LONGHORN_AT_DEFAULT.iter().find(|(name, _)| *name == k) {
@@ -339,6 +344,7 @@ mod tests {
         assert_eq!(p.stale_replica_timeout, Some(2880));
         assert_eq!(p.fs_type, Some("ext4"));
         assert_eq!(p.data_locality, DataLocality::Disabled);
+        assert_eq!(p.pvc_name, "data");
     }
 
     #[test]

@@ -18,6 +18,8 @@ pub struct HealthyNodes {
     changes: Arc<AtomicUsize>,
     /// Instance manager address → the instances it runs.
     running: Arc<Mutex<HashMap<String, Vec<pb::Instance>>>>,
+    /// Sizes engines were asked to grow to, in order.
+    expansions: Arc<Mutex<Vec<u64>>>,
 }
 
 impl HealthyNodes {
@@ -32,6 +34,11 @@ impl HealthyNodes {
         let mut running = self.running.lock().unwrap();
         let found = running.values_mut().flatten().find(|i| i.name == name);
         found.map(|i| i.state = state as i32).is_some()
+    }
+
+    /// The sizes engines were asked to grow to so far.
+    pub fn expansions(&self) -> Vec<u64> {
+        self.expansions.lock().unwrap().clone()
     }
 
     fn changed(&self) {
@@ -122,8 +129,9 @@ impl Cluster for HealthyNodes {
         self.changed();
         Err(UNREACHABLE.into())
     }
-    async fn engine_expand(&self, _: &str, _: u64) -> Result<(), String> {
+    async fn engine_expand(&self, _: &str, size: u64) -> Result<(), String> {
         self.changed();
+        self.expansions.lock().unwrap().push(size);
         Err(UNREACHABLE.into())
     }
     async fn replica_expand(&self, _: &str, _: u64, _: u64) -> Result<(), String> {
