@@ -66,6 +66,7 @@ pub fn status_message(s: volume::VolumeStatus) -> StatusResponse {
         scrub: Some(scrub_message(s.scrub)),
         bad_blocks_found: s.bad_blocks_found,
         bad_blocks_repaired: s.bad_blocks_repaired,
+        limits: Some(IoLimits { iops: s.limits.iops, bytes_per_sec: s.limits.bytes_per_sec }),
     }
 }
 
@@ -159,6 +160,13 @@ impl Engine for EngineService {
                     Status::internal(format!("the volume grew to {size} bytes but its block device did not: {e}"))
                 })?;
         }
+        Ok(Response::new(status_message(self.volume.status())))
+    }
+
+    async fn set_limits(&self, request: Request<IoLimits>) -> Result<Response<StatusResponse>, Status> {
+        let l = request.into_inner();
+        self.volume.set_limits(crate::limit::Limits { iops: l.iops, bytes_per_sec: l.bytes_per_sec });
+        tracing::info!(iops = l.iops, bytes_per_sec = l.bytes_per_sec, "I/O limits set");
         Ok(Response::new(status_message(self.volume.status())))
     }
 

@@ -4,6 +4,7 @@
 pub mod blockdev;
 pub mod control;
 pub mod election;
+pub mod limit;
 pub mod metrics;
 pub mod nbd;
 pub mod replica_conn;
@@ -25,6 +26,8 @@ pub struct ServeConfig {
     pub rebuild_bytes_per_sec: u64,
     /// Writes need a majority of `replicas` to acknowledge them.
     pub write_majority: bool,
+    /// Frontend I/O limits (zeros: none); changed later with SetLimits.
+    pub limits: limit::Limits,
 }
 
 /// Opens the volume, starts the frontends and the control server, and runs
@@ -38,6 +41,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
             .await
             .map_err(|e| format!("open volume {}: {e}", config.volume))?;
     volume.set_rebuild_rate(config.rebuild_bytes_per_sec);
+    volume.set_limits(config.limits);
     if config.write_majority {
         volume.set_min_write_acks(config.replicas.len() / 2 + 1);
     }

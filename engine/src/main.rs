@@ -49,6 +49,12 @@ enum Command {
         /// instead of acknowledging what a newer engine will never see.
         #[arg(long)]
         write_majority: bool,
+        /// Frontend requests (reads, writes, trims) per second (0: unlimited).
+        #[arg(long, default_value_t = 0)]
+        iops_limit: u64,
+        /// Frontend bytes per second, e.g. 100MiB (0: unlimited).
+        #[arg(long, default_value = "0", value_parser = parse_size)]
+        bandwidth_limit: u64,
     },
     /// Print the engine's status as JSON.
     Status {
@@ -86,6 +92,15 @@ enum Command {
         engine: String,
         #[arg(long, value_parser = parse_size)]
         size: u64,
+    },
+    /// Replace the frontend I/O limits (0: unlimited).
+    Limits {
+        #[arg(long)]
+        engine: String,
+        #[arg(long, default_value_t = 0)]
+        iops: u64,
+        #[arg(long, default_value = "0", value_parser = parse_size)]
+        bandwidth: u64,
     },
 }
 
@@ -156,6 +171,7 @@ fn print_status(s: StatusResponse) {
         "volume": s.volume, "size_bytes": s.size_bytes, "epoch": s.epoch, "frontends": s.frontends,
         "replicas": replicas, "rebuilds": rebuilds, "fenced": s.fenced, "out_of_space": s.out_of_space,
         "unflushed_bytes": s.unflushed_bytes, "scrub": s.scrub.map(scrub_json),
+        "limits": s.limits.map(|l| serde_json::json!({ "iops": l.iops, "bytes_per_sec": l.bytes_per_sec })),
         "bad_blocks_found": s.bad_blocks_found, "bad_blocks_repaired": s.bad_blocks_repaired,
     });
     ironhorn_proto::say!("{}", serde_json::to_string_pretty(&json).expect("json"));
@@ -192,6 +208,8 @@ async fn drive(command: Command) -> Result<(), String> {
             replica_timeout,
             rebuild_mib_per_sec,
             write_majority,
+            iops_limit,
+            bandwidth_limit,
         } => {
             ironhorn_engine::serve(ServeConfig {
                 volume,
@@ -204,6 +222,7 @@ async fn drive(command: Command) -> Result<(), String> {
                 replica_timeout: Duration::from_secs(replica_timeout),
                 rebuild_bytes_per_sec: rebuild_mib_per_sec << 20,
                 write_majority,
+                limits: ironhorn_engine::limit::Limits { iops: iops_limit, bytes_per_sec: bandwidth_limit },
             })
             .await
         }
@@ -266,6 +285,12 @@ async fn drive(command: Command) -> Result<(), String> {
         }
         Command::Expand { engine, size } => {
             let s = client(&engine).await?.expand(ExpandRequest { size_bytes: size }).await.map_err(fail)?;
+            print_status(s.into_inner());
+            Ok(())
+        }
+        Command::Limits { engine, iops, bandwidth } => {
+            let limits = IoLimits { iops, bytes_per_sec: bandwidth };
+            let s = client(&engine).await?.set_limits(limits).await.map_err(fail)?;
             print_status(s.into_inner());
             Ok(())
         }

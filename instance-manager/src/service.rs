@@ -31,6 +31,10 @@ enum Spec {
         rebuild_mib_per_sec: u64,
         #[serde(default)]
         write_majority: bool,
+        #[serde(default)]
+        iops_limit: u64,
+        #[serde(default)]
+        bandwidth_limit: u64,
     },
 }
 
@@ -84,6 +88,8 @@ impl Record {
                 replica_timeout_secs,
                 rebuild_mib_per_sec,
                 write_majority,
+                iops_limit,
+                bandwidth_limit,
             } => (
                 InstanceKind::Engine,
                 pb::instance::Spec::Engine(pb::EngineSpec {
@@ -95,6 +101,8 @@ impl Record {
                     replica_timeout_secs: *replica_timeout_secs,
                     rebuild_mib_per_sec: *rebuild_mib_per_sec,
                     write_majority: *write_majority,
+                    iops_limit: *iops_limit,
+                    bandwidth_limit: *bandwidth_limit,
                 }),
             ),
         };
@@ -154,6 +162,8 @@ fn spec_from_request(request: &pb::CreateRequest) -> Result<Spec, Status> {
                 replica_timeout_secs: if e.replica_timeout_secs == 0 { 8 } else { e.replica_timeout_secs },
                 rebuild_mib_per_sec: e.rebuild_mib_per_sec,
                 write_majority: e.write_majority,
+                iops_limit: e.iops_limit,
+                bandwidth_limit: e.bandwidth_limit,
             })
         }
         None => Err(Status::invalid_argument("create needs a replica or an engine spec")),
@@ -352,6 +362,8 @@ impl InstanceManagerService {
                 replica_timeout_secs,
                 rebuild_mib_per_sec,
                 write_majority,
+                iops_limit,
+                bandwidth_limit,
             } => {
                 let address = format!("{ip}:{}", ports[0]);
                 let nbd = format!("{ip}:{}", ports[1]);
@@ -371,6 +383,10 @@ impl InstanceManagerService {
                     replica_timeout_secs.to_string(),
                     "--rebuild-mib-per-sec".into(),
                     rebuild_mib_per_sec.to_string(),
+                    "--iops-limit".into(),
+                    iops_limit.to_string(),
+                    "--bandwidth-limit".into(),
+                    bandwidth_limit.to_string(),
                 ];
                 if *write_majority {
                     args.push("--write-majority".into());

@@ -136,6 +136,11 @@ struct CreateVolume {
     pvc_name: String,
     #[serde(default)]
     pvc_namespace: String,
+    /// Requests per second; 0 = unlimited.
+    #[serde(default)]
+    iops_limit: u64,
+    /// Bytes per second ("100MiB" or a number); 0 = unlimited.
+    bandwidth_limit: Option<Value>,
 }
 
 /// Checks a new volume's data source: it exists, and the new volume is at
@@ -189,6 +194,16 @@ fn parse_size_value(size: &Value) -> Result<u64, ApiError> {
     Ok(bytes)
 }
 
+/// A bandwidth limit: bytes per second as a number or a size ("100MiB"); 0
+/// or "0" = unlimited.
+fn parse_bandwidth(limit: &Value) -> Result<u64, ApiError> {
+    match limit {
+        Value::String(s) => ironhorn_proto::units::parse_size(s).map_err(|e| bad(format!("bandwidthLimit: {e}"))),
+        Value::Number(n) => n.as_u64().ok_or_else(|| bad(format!("bandwidthLimit {n} is not a byte count"))),
+        other => Err(bad(format!("bandwidthLimit {other}: give bytes per second, e.g. \"100MiB\""))),
+    }
+}
+
 async fn create_volume<D: Datastore>(
     State(store): State<D>,
     body: Result<Json<CreateVolume>, axum::extract::rejection::JsonRejection>,
@@ -207,6 +222,7 @@ async fn create_volume<D: Datastore>(
     };
     check_replica_count(replicas)?;
     check_data_source(&store, &body.data_source, size).await?;
+    let bandwidth_limit = body.bandwidth_limit.as_ref().map(parse_bandwidth).transpose()?.unwrap_or(0);
     let mut volume = Volume::new(
         &body.name,
         VolumeSpec {
@@ -223,6 +239,8 @@ async fn create_volume<D: Datastore>(
             data_locality: body.data_locality,
             pvc_name: body.pvc_name,
             pvc_namespace: body.pvc_namespace,
+            iops_limit: body.iops_limit,
+            bandwidth_limit,
             ..Default::default()
         },
     );
@@ -346,26 +364,34 @@ async fn scrub_volume<D: Datastore>(State(store): State<D>, Path(name): Path<Str
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct UpdateVolume {
     number_of_replicas: Option<u32>,
+    iops_limit: Option<u64>,
+    bandwidth_limit: Option<Value>,
 }
 
 /// Changes what can change on an existing volume: its replica count (the
 /// controllers add or remove replicas while it is attached; a detached
-/// volume gets there at its next attach).
+/// volume gets there at its next attach) and its I/O limits (applied by a
+/// running engine within a pass).
 async fn update_volume<D: Datastore>(
     State(store): State<D>,
     Path(name): Path<String>,
     body: Result<Json<UpdateVolume>, axum::extract::rejection::JsonRejection>,
 ) -> Reply {
     let Json(body) = body.map_err(|e| bad(e.body_text()))?;
-    let Some(replicas) = body.number_of_replicas else {
-        return Err(bad("nothing to update: give numberOfReplicas"));
-    };
-    check_replica_count(replicas)?;
+    if body.number_of_replicas.is_none() && body.iops_limit.is_none() && body.bandwidth_limit.is_none() {
+        return Err(bad("nothing to update: give numberOfReplicas, iopsLimit or bandwidthLimit"));
+    }
+    if let Some(replicas) = body.number_of_replicas {
+        check_replica_count(replicas)?;
+    }
+    let bandwidth = body.bandwidth_limit.as_ref().map(parse_bandwidth).transpose()?;
     live_volume(&store, &name).await?;
     change_spec(&store, &name, |spec| {
-        let changed = spec.number_of_replicas != replicas;
-        spec.number_of_replicas = replicas;
-        changed
+        let before = spec.clone();
+        spec.number_of_replicas = body.number_of_replicas.unwrap_or(spec.number_of_replicas);
+        spec.iops_limit = body.iops_limit.unwrap_or(spec.iops_limit);
+        spec.bandwidth_limit = bandwidth.unwrap_or(spec.bandwidth_limit);
+        *spec != before
     })
     .await
 }

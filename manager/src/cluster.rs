@@ -40,6 +40,12 @@ pub trait Cluster: Clone + Send + Sync + 'static {
     /// Grows the volume through its engine (every replica, then the
     /// engine's frontends).
     fn engine_expand(&self, engine: &str, size: u64) -> impl Future<Output = Result<(), String>> + Send;
+    /// Replaces the engine's frontend I/O limits (0: none).
+    fn engine_set_limits(
+        &self,
+        engine: &str,
+        limits: ironhorn_proto::engine::IoLimits,
+    ) -> impl Future<Output = Result<(), String>> + Send;
     /// Starts a scrub on the engine (a running one is left running).
     fn engine_scrub(&self, engine: &str) -> impl Future<Output = Result<(), String>> + Send;
     /// Grows one replica's store directly (its volume has no engine).
@@ -168,6 +174,12 @@ impl Cluster for GrpcCluster {
     async fn engine_scrub(&self, engine: &str) -> Result<(), String> {
         let mut client = EngineClient::new(self.channel(engine)?);
         client.scrub(poll(ironhorn_proto::engine::ScrubRequest {})).await.map_err(|e| status(engine, e))?;
+        Ok(())
+    }
+
+    async fn engine_set_limits(&self, engine: &str, limits: ironhorn_proto::engine::IoLimits) -> Result<(), String> {
+        let mut client = EngineClient::new(self.channel(engine)?);
+        client.set_limits(limits).await.map_err(|e| status(engine, e))?;
         Ok(())
     }
 

@@ -168,6 +168,13 @@ pub struct VolumeSpec {
     /// engine reads back every block of every replica and repairs bad ones.
     #[serde(default)]
     pub scrub_requested: u64,
+    /// Frontend requests (reads, writes, trims) per second the engine lets
+    /// through; 0 = unlimited. Applies at once while attached.
+    #[serde(default)]
+    pub iops_limit: u64,
+    /// Frontend bytes per second (reads and writes); 0 = unlimited.
+    #[serde(default)]
+    pub bandwidth_limit: u64,
     /// The PersistentVolumeClaim the volume was made for (from the CSI
     /// provisioner's `--extra-create-metadata`); "" when made otherwise.
     /// Labels its metrics, as Longhorn's.

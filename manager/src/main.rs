@@ -161,6 +161,12 @@ enum VolumeCommand {
         /// volume (volume://NAME); copied before the first attach.
         #[arg(long)]
         from: Option<String>,
+        /// Frontend requests per second the engine lets through (0: none).
+        #[arg(long)]
+        iops_limit: Option<u64>,
+        /// Frontend bytes per second, e.g. 100MiB (0: none).
+        #[arg(long)]
+        bandwidth_limit: Option<String>,
     },
     List,
     Get {
@@ -192,11 +198,17 @@ enum VolumeCommand {
         timeout_secs: u64,
     },
     /// Change the replica count (replicas are added or removed while the
-    /// volume is attached).
+    /// volume is attached) or the I/O limits (applied at once while
+    /// attached; 0 removes a limit).
     Update {
         name: String,
         #[arg(long)]
-        replicas: u32,
+        replicas: Option<u32>,
+        #[arg(long)]
+        iops_limit: Option<u64>,
+        /// Bytes per second, e.g. 100MiB.
+        #[arg(long)]
+        bandwidth_limit: Option<String>,
     },
     /// Grow the volume (attached or detached) and wait until its data has
     /// the new size.
@@ -379,8 +391,23 @@ async fn drive(cli: Cli) -> Result<(), String> {
             ironhorn_manager::csi::serve(config).await
         }
         Command::Volume(command) => match command {
-            VolumeCommand::Create { name, size, replicas, frontend, write_quorum, from } => {
+            VolumeCommand::Create {
+                name,
+                size,
+                replicas,
+                frontend,
+                write_quorum,
+                from,
+                iops_limit,
+                bandwidth_limit,
+            } => {
                 let mut body = json!({ "name": name, "size": size });
+                if let Some(n) = iops_limit {
+                    body["iopsLimit"] = json!(n);
+                }
+                if let Some(b) = bandwidth_limit {
+                    body["bandwidthLimit"] = json!(b);
+                }
                 if let Some(r) = replicas {
                     body["numberOfReplicas"] = json!(r);
                 }
@@ -449,13 +476,31 @@ async fn drive(cli: Cli) -> Result<(), String> {
                 }
                 Ok(())
             }
-            VolumeCommand::Update { name, replicas } => {
-                let body = json!({ "numberOfReplicas": replicas });
+            VolumeCommand::Update { name, replicas, iops_limit, bandwidth_limit } => {
+                let mut body = json!({});
+                if let Some(r) = replicas {
+                    body["numberOfReplicas"] = json!(r);
+                }
+                if let Some(n) = iops_limit {
+                    body["iopsLimit"] = json!(n);
+                }
+                if let Some(b) = bandwidth_limit {
+                    body["bandwidthLimit"] = json!(b);
+                }
                 let v = call(api, "POST", &format!("/v1/volumes/{name}/update"), Some(&body)).await?;
                 if json_out {
                     print_json(&v)
                 } else {
-                    ironhorn_proto::say!("volume {name}: {replicas} replicas wanted")
+                    let spec = &v["spec"];
+                    ironhorn_proto::say!(
+                        "volume {name}: {} replicas wanted, iops limit {}, bandwidth limit {}",
+                        spec["numberOfReplicas"],
+                        spec["iopsLimit"].as_u64().filter(|n| *n > 0).map_or("none".to_string(), |n| n.to_string()),
+                        spec["bandwidthLimit"]
+                            .as_u64()
+                            .filter(|n| *n > 0)
+                            .map_or("none".to_string(), |n| format!("{}/s", ironhorn_proto::units::format_size(n)))
+                    )
                 }
                 Ok(())
             }

@@ -34,6 +34,7 @@ use serde::Serialize;
 use thiserror::Error;
 
 use crate::election::{self, Candidate};
+use crate::limit::{Limiter, Limits};
 use crate::metrics;
 use crate::replica_conn::{ReplicaConn, ReplicaError, unary};
 
@@ -150,6 +151,7 @@ pub struct VolumeStatus {
     pub scrub: ScrubStatus,
     pub bad_blocks_found: u64,
     pub bad_blocks_repaired: u64,
+    pub limits: Limits,
 }
 
 pub struct Volume {
@@ -194,6 +196,10 @@ pub struct Volume {
     integrity: Mutex<Integrity>,
     /// Ranges of replicas that read back bad, for the repair worker.
     repairs: tokio::sync::mpsc::Sender<RepairJob>,
+    /// Frontend I/O limits; `limited` says whether any is set, so an
+    /// unlimited volume's requests never take the lock.
+    limiter: Mutex<Limiter>,
+    limited: AtomicBool,
 }
 
 /// A data request to a replica's stream (its id is set when enqueued).
@@ -254,6 +260,8 @@ impl Volume {
             min_write_acks: AtomicUsize::new(0),
             integrity: Mutex::new(Integrity::default()),
             repairs,
+            limiter: Mutex::new(Limiter::default()),
+            limited: AtomicBool::new(false),
         });
         volume.spawn_repairs(repair_jobs);
         let mut joined: Vec<(Arc<Replica>, InfoResponse)> = Vec::new();
@@ -374,6 +382,27 @@ impl Volume {
             .await
             .map_err(|e| replica_error(address, e))?;
         Ok((conn, info))
+    }
+
+    /// Sets the frontend I/O limits (zeros: none), from now on.
+    pub fn set_limits(&self, limits: Limits) {
+        *self.limiter.lock().unwrap_or_else(|p| p.into_inner()) = Limiter::new(limits, Instant::now());
+        self.limited.store(limits != Limits::default(), Ordering::SeqCst);
+    }
+
+    pub fn limits(&self) -> Limits {
+        self.limiter.lock().unwrap_or_else(|p| p.into_inner()).limits()
+    }
+
+    /// Waits until the limits let a request of `bytes` go.
+    async fn throttle(&self, bytes: u64) {
+        if !self.limited.load(Ordering::Relaxed) {
+            return;
+        }
+        let wait = self.limiter.lock().unwrap_or_else(|p| p.into_inner()).admit(bytes, Instant::now());
+        if !wait.is_zero() {
+            tokio::time::sleep(wait).await;
+        }
     }
 
     /// Limits rebuild copying to `bytes_per_sec` (0: unlimited).
@@ -622,6 +651,7 @@ impl Volume {
 
     pub async fn write(&self, offset: u64, data: Bytes, fua: bool) -> Result<()> {
         let (started, length) = (Instant::now(), data.len() as u64);
+        self.throttle(length).await;
         let result = self.write_uncounted(offset, data, fua).await;
         self.counted(metrics::Op::Write, length, started, result)
     }
@@ -637,6 +667,8 @@ impl Volume {
 
     pub async fn trim(&self, offset: u64, length: u64, fua: bool) -> Result<()> {
         let started = Instant::now();
+        // A trim counts as a request, not as bytes moved.
+        self.throttle(0).await;
         let result = async {
             self.check_range(offset, length)?;
             self.replicate(IoOp::Trim, offset, length, Bytes::new(), fua).await
@@ -660,6 +692,7 @@ impl Volume {
 
     pub async fn read(&self, offset: u64, length: u64) -> Result<Bytes> {
         let started = Instant::now();
+        self.throttle(length).await;
         let result = self.read_uncounted(offset, length).await;
         self.counted(metrics::Op::Read, length, started, result)
     }
@@ -741,6 +774,7 @@ impl Volume {
             scrub: self.scrub_status(),
             bad_blocks_found,
             bad_blocks_repaired,
+            limits: self.limits(),
         }
     }
 

@@ -211,6 +211,8 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
                     blockdev: volume.spec.frontend == Frontend::Blockdev,
                     replica_timeout_secs: timeout.clamp(1, 600) as u32,
                     rebuild_mib_per_sec: snapshot.settings.u64("replica-rebuild-max-mib-per-sec").min(1 << 20),
+                    iops_limit: volume.spec.iops_limit,
+                    bandwidth_limit: volume.spec.bandwidth_limit,
                     write_majority: match volume.spec.write_quorum {
                         WriteQuorum::One => false,
                         WriteQuorum::Majority => true,
@@ -297,6 +299,10 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
         .map_err(ds)?;
 
         if let Ok(engine_status) = &status {
+            if let Some(limits) = limits_to_set(&volume.spec, engine_status.limits.as_ref()) {
+                self.cluster.engine_set_limits(&instance.address, limits).await?;
+                tracing::info!(volume = %name, iops = limits.iops, bytes_per_sec = limits.bytes_per_sec, "I/O limits set");
+            }
             self.set_replica_modes(replicas, &modes, &progress).await?;
             self.heal(snapshot, volume, engine, &instance.address, engine_status, replicas).await?;
             self.reconcile_snapshots(snapshot, &name, volume_snapshots::Holder::Engine(&instance.address)).await?;
@@ -374,6 +380,16 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
     }
 }
 
+/// The limits to give a running engine whose status reports `reported`,
+/// when they differ from the volume's spec.
+fn limits_to_set(
+    spec: &VolumeSpec,
+    reported: Option<&ironhorn_proto::engine::IoLimits>,
+) -> Option<ironhorn_proto::engine::IoLimits> {
+    let want = ironhorn_proto::engine::IoLimits { iops: spec.iops_limit, bytes_per_sec: spec.bandwidth_limit };
+    (reported.cloned().unwrap_or_default() != want).then_some(want)
+}
+
 fn rebuild_progress(r: &ironhorn_proto::engine::RebuildStatus) -> RebuildProgress {
     let at = unix_ms_text;
     RebuildProgress {
@@ -417,6 +433,19 @@ mod tests {
 
     fn with(names: &[&str]) -> Result<Vec<pb::Instance>, String> {
         Ok(names.iter().map(|n| pb::Instance { name: n.to_string(), ..Default::default() }).collect())
+    }
+
+    #[test]
+    fn limits_go_to_the_engine_only_when_they_differ_from_the_spec() {
+        use ironhorn_proto::engine::IoLimits;
+        let spec = VolumeSpec { iops_limit: 500, bandwidth_limit: 10 << 20, ..Default::default() };
+        let want = IoLimits { iops: 500, bytes_per_sec: 10 << 20 };
+        assert_eq!(limits_to_set(&spec, None), Some(want));
+        assert_eq!(limits_to_set(&spec, Some(&IoLimits { iops: 500, bytes_per_sec: 0 })), Some(want));
+        assert_eq!(limits_to_set(&spec, Some(&want)), None);
+        // An engine reporting no limits and a spec asking none: nothing.
+        assert_eq!(limits_to_set(&VolumeSpec::default(), None), None);
+        assert_eq!(limits_to_set(&VolumeSpec::default(), Some(&want)), Some(IoLimits::default()));
     }
 
     #[test]

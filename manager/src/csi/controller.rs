@@ -142,6 +142,12 @@ fn create_body(name: &str, size: u64, p: &params::VolumeParams) -> Value {
     if p.data_locality == params::DataLocality::BestEffort {
         body["dataLocality"] = json!("best-effort");
     }
+    if let Some(n) = p.iops_limit {
+        body["iopsLimit"] = json!(n);
+    }
+    if let Some(b) = p.bandwidth_limit {
+        body["bandwidthLimit"] = json!(b);
+    }
     if !p.pvc_name.is_empty() {
         body["pvcName"] = json!(p.pvc_name);
         body["pvcNamespace"] = json!(p.pvc_namespace);

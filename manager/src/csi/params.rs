@@ -32,7 +32,7 @@ pub enum RequestError {
 
 /// The parameter names `parse_parameters` understands, for messages.
 const KNOWN: &str = "numberOfReplicas, staleReplicaTimeout, dataLocality, diskSelector, nodeSelector, \
-    replicaSoftAntiAffinity, writeQuorum, fsType, csi.storage.k8s.io/fstype, and Longhorn's fromBackup, \
+    replicaSoftAntiAffinity, writeQuorum, iopsLimit, bandwidthLimit, fsType, csi.storage.k8s.io/fstype, and Longhorn's fromBackup, \
     dataEngine, disableRevisionCounter, unmapMarkSnapChainRemoved, replicaAutoBalance, \
     replicaZoneSoftAntiAffinity, replicaDiskSoftAntiAffinity, backupTargetName, migratable, encrypted, \
     recurringJobSelector, nfsOptions, freezeFilesystemForSnapshot at their defaults";
@@ -80,6 +80,9 @@ pub struct VolumeParams {
     pub fs_type: Option<&'static str>,
     /// An ephemeral inline volume's size (its `size` attribute).
     pub size: Option<u64>,
+    /// Requests and bytes per second (None: unlimited).
+    pub iops_limit: Option<u64>,
+    pub bandwidth_limit: Option<u64>,
     /// The claim it is made for, when the provisioner says (metrics labels).
     pub pvc_name: String,
     pub pvc_namespace: String,
@@ -166,6 +169,14 @@ pub fn parse_parameters(params: &HashMap<String, String>, ephemeral: bool) -> Re
             "size" if ephemeral => {
                 let bytes = ironhorn_proto::units::parse_size(value).map_err(|e| bad(key, e))?;
                 out.size = Some(bytes.div_ceil(BLOCK) * BLOCK);
+            }
+            "iopsLimit" => {
+                let n: u64 =
+                    value.parse().map_err(|_| bad(key, format!("{value:?} is not a number of requests per second")))?;
+                out.iops_limit = Some(n);
+            }
+            "bandwidthLimit" => {
+                out.bandwidth_limit = Some(ironhorn_proto::units::parse_size(value).map_err(|e| bad(key, e))?);
             }
             "csi.storage.k8s.io/pvc/name" => out.pvc_name = value.to_string(),
             "csi.storage.k8s.io/pvc/namespace" => out.pvc_namespace = value.to_string(),
@@ -345,6 +356,16 @@ mod tests {
         assert_eq!(p.fs_type, Some("ext4"));
         assert_eq!(p.data_locality, DataLocality::Disabled);
         assert_eq!(p.pvc_name, "data");
+    }
+
+    #[test]
+    fn io_limits_are_read_and_bad_ones_named() {
+        let p = parse_parameters(&params(&[("iopsLimit", "500"), ("bandwidthLimit", "100MiB")]), false).unwrap();
+        assert_eq!((p.iops_limit, p.bandwidth_limit), (Some(500), Some(100 << 20)));
+        for (key, value) in [("iopsLimit", "lots"), ("bandwidthLimit", "fast")] {
+            let e = parse_parameters(&params(&[(key, value)]), false).unwrap_err();
+            assert!(e.to_string().contains(key), "{e}");
+        }
     }
 
     #[test]

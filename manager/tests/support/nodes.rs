@@ -129,6 +129,10 @@ impl Cluster for HealthyNodes {
         self.changed();
         Err(UNREACHABLE.into())
     }
+    async fn engine_set_limits(&self, _: &str, _: ironhorn_proto::engine::IoLimits) -> Result<(), String> {
+        self.changed();
+        Err(UNREACHABLE.into())
+    }
     async fn engine_expand(&self, _: &str, size: u64) -> Result<(), String> {
         self.changed();
         self.expansions.lock().unwrap().push(size);

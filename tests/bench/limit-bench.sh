@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Per-volume I/O limits, one run: two engines of one replica each on this
+# disk. The neighbour alone (its baseline); then both at once, the limited
+# one at an IOPS limit; then its limit changed while it runs (the engine's
+# SetLimits); then a bandwidth limit at 64 KiB requests. Prints each
+# measured rate against its limit and the neighbour against its baseline,
+# with a ✓ when the limit held within 5 % and the neighbour kept 90 % of its
+# rate.
+#
+#   tests/bench/limit-bench.sh     (env: SIZE=512M RUNTIME=10 DIR=/var/tmp
+#                                   IOPS=2000 IOPS2=500 BANDWIDTH=20M)
+set -euo pipefail
+SIZE=${SIZE:-512M}
+RUNTIME=${RUNTIME:-10}
+IOPS=${IOPS:-2000}
+IOPS2=${IOPS2:-500}
+BANDWIDTH=${BANDWIDTH:-20M}
+DIR=${DIR:-/var/tmp}/ironhorn-limit-bench-$$
+BENCH=limit-bench TOOLS="fio jq"
+source "$(dirname "$0")/common.sh"
+VOL=limit$$
+
+start_volume() { # name extra-engine-args...: an engine over one replica; its address in ENGINE
+  local name=$1; shift
+  layout "$DIR/$name.img" "$STORE_SIZE"
+  "$BIN/ironhorn-replica" serve --store "file:$DIR/$name.img" --size "$SIZE"iB --listen 127.0.0.1:0 \
+      >"$DIR/$name-r.out" 2>"$DIR/$name-r.log" &
+  PIDS+=($!)
+  local replica; replica=$(wait_listen "$DIR/$name-r.out")
+  "$BIN/ironhorn-engine" serve --volume "$VOL$name" --size "$SIZE"iB --epoch 1 --listen 127.0.0.1:0 \
+      --nbd "unix:$DIR/$name.sock" --replica "$replica" "$@" >"$DIR/$name.out" 2>"$DIR/$name.log" &
+  PIDS+=($!)
+  ENGINE=$(wait_listen "$DIR/$name.out")
+}
+target() { echo "--ioengine=nbd --uri=nbd+unix:///$VOL$1?socket=$DIR/$1.sock"; }
+# job NAME RW BS: fio in the background writing its JSON to DIR/NAME.json
+job() {
+  # shellcheck disable=SC2046
+  fio --name="$1" --rw="$2" --bs="$3" --iodepth=16 --runtime="$RUNTIME" --time_based --randrepeat=0 \
+      --size="$SIZE" --output-format=json $(target "$4") >"$DIR/$1.json" 2>/dev/null &
+}
+iops() { sed -n '/^{/,$p' "$DIR/$1.json" | jq '.jobs[0].read.iops + .jobs[0].write.iops'; }
+bw() { sed -n '/^{/,$p' "$DIR/$1.json" | jq '(.jobs[0].read.bw_bytes + .jobs[0].write.bw_bytes)'; }
+
+start_volume limited --iops-limit "$IOPS"
+limited_engine=$ENGINE
+start_volume neighbour
+for v in limited neighbour; do
+  # shellcheck disable=SC2046
+  fill $(target $v)
+done
+
+echo "running: the neighbour alone..." >&2
+job alone randwrite 4k neighbour; wait $!
+echo "running: both, the limited one at $IOPS IOPS..." >&2
+job lim randwrite 4k limited; a=$!; job nb randwrite 4k neighbour; b=$!; wait $a $b
+echo "running: the limit changed to $IOPS2 IOPS while it runs..." >&2
+"$BIN/ironhorn-engine" limits --engine "$limited_engine" --iops "$IOPS2" >/dev/null
+job lim2 randread 4k limited; wait $!
+echo "running: a bandwidth limit of $BANDWIDTH/s, 64 KiB reads..." >&2
+"$BIN/ironhorn-engine" limits --engine "$limited_engine" --bandwidth "${BANDWIDTH}iB" >/dev/null
+job bw randread 64k limited; a=$!; job nb2 randread 64k neighbour; b=$!; wait $a $b
+job alone2 randread 64k neighbour; wait $!
+
+bw_limit=$(numfmt --from=iec "$BANDWIDTH")
+row() { # what measured limit
+  awk -v w="$1" -v m="$2" -v l="$3" 'BEGIN { r = m / l; printf "| %s | %.0f | %.0f | %.3f | %s |\n", w, m, l, r, (r >= 0.95 && r <= 1.05) ? "✓" : "✗" }'
+}
+neighbour() { # what with alone
+  awk -v w="$1" -v m="$2" -v a="$3" 'BEGIN { r = m / a; printf "| %s | %.0f | %.0f (alone) | %.3f | %s |\n", w, m, a, r, (r >= 0.9) ? "✓" : "✗" }'
+}
+echo
+echo "Per-volume I/O limits: one replica each, iodepth 16, ${RUNTIME}s per run, size $SIZE"
+echo
+echo "| run | measured | limit / baseline | ratio | aim |"
+echo "|---|---:|---:|---:|:---:|"
+row "limited volume, 4 KiB randwrite, IOPS" "$(iops lim)" "$IOPS"
+neighbour "neighbour at the same time, IOPS" "$(iops nb)" "$(iops alone)"
+row "limit changed live, 4 KiB randread, IOPS" "$(iops lim2)" "$IOPS2"
+row "bandwidth limit, 64 KiB randread, bytes/s" "$(bw bw)" "$bw_limit"
+neighbour "neighbour at the same time, bytes/s" "$(bw nb2)" "$(bw alone2)"
