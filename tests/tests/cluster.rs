@@ -144,6 +144,23 @@ fn three_replicas_on_three_nodes_attach_fio_detach_delete_gives_space_back() {
     assert!(im > (1u64 << 20) as f64, "an instance manager and its processes use memory: {im}");
     let table = cluster.cli(&["volume", "list"]).unwrap();
     assert!(table.contains("attached") && table.contains("healthy") && table.contains("n-1"), "{table}");
+    // I/O limits changed on the volume reach its running engine.
+    let engine = cluster.engine_address("v1");
+    let limits = || -> serde_json::Value {
+        let status: serde_json::Value =
+            serde_json::from_str(&engine_cli(&["status", "--engine", &engine]).expect("engine status")).unwrap();
+        status["limits"].clone()
+    };
+    cluster.cli(&["volume", "update", "v1", "--iops-limit", "500", "--bandwidth-limit", "64MiB"]).expect("limits");
+    cluster.wait(Duration::from_secs(20), "the engine's limits", || {
+        limits() == serde_json::json!({ "iops": 500, "bytes_per_sec": 64 << 20 })
+    });
+    let err = cluster.cli(&["volume", "update", "v1", "--bandwidth-limit", "fast"]).unwrap_err();
+    assert!(err.contains("bandwidthLimit"), "{err}");
+    cluster.cli(&["volume", "update", "v1", "--iops-limit", "0", "--bandwidth-limit", "0"]).expect("no limits");
+    cluster.wait(Duration::from_secs(20), "no limits", || {
+        limits() == serde_json::json!({ "iops": 0, "bytes_per_sec": 0 })
+    });
 
     cluster.cli(&["volume", "detach", "v1"]).expect("detach");
     assert_eq!(cluster.volume("v1")["status"]["state"], "detached");
