@@ -556,6 +556,22 @@ pub struct StandaloneCluster {
     up: Option<Process>,
 }
 
+/// `up` listens on `port_base` and gives node i the ports
+/// `port_base + 100 i ..= port_base + 100 i + 99`. A test's ports must sit
+/// below the kernel's ephemeral range (`net.ipv4.ip_local_port_range`), or
+/// any outgoing connection on the machine may hold one of them first: CI
+/// once failed with "Address already in use" on a base of 33000.
+fn assert_below_ephemeral_ports(port_base: u16, nodes: usize) {
+    let last = port_base as usize + 100 * nodes + 99;
+    let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap_or_default();
+    let first_ephemeral: usize = range.split_whitespace().next().and_then(|w| w.parse().ok()).unwrap_or(32768);
+    assert!(
+        last < first_ephemeral,
+        "port base {port_base} with {nodes} nodes uses ports up to {last}, inside the ephemeral range from \
+         {first_ephemeral}: pick a base below it"
+    );
+}
+
 impl StandaloneCluster {
     pub fn start(tag: &str, nodes: usize, port_base: u16, disk_size: &str) -> StandaloneCluster {
         Self::start_with(tag, nodes, port_base, disk_size, &[])
@@ -588,6 +604,7 @@ impl StandaloneCluster {
         require_root();
         require_tool("lvcreate", "lvm2");
         require_tool("losetup", "mount");
+        assert_below_ephemeral_ports(port_base, nodes);
         let dir = TempDir::new(tag);
         let mut cluster = StandaloneCluster {
             dir,

@@ -266,7 +266,7 @@ fn fio_writes(endpoint: &str, seconds: u64) -> Child {
 #[test]
 fn the_ui_creates_attaches_shows_a_rebuild_live_and_deletes() {
     require_root();
-    let cluster = StandaloneCluster::start("ui", 3, 33000, "1GiB");
+    let cluster = StandaloneCluster::start("ui", 3, 19500, "1GiB");
     // A slow rebuild, so its progress bar is seen moving.
     cluster.cli(&["setting", "set", "replica-rebuild-max-mib-per-sec", "8"]).expect("rate setting");
     cluster.cli(&["setting", "set", "replica-rebuild-backoff-initial", "2"]).expect("backoff setting");
