@@ -11,12 +11,16 @@ use ironhorn_proto::replica::faults_client::FaultsClient;
 use ironhorn_proto::replica::{ArmFaultRequest, ClearFaultsRequest, FaultAction, FaultOp, FaultState};
 
 use super::faults;
+use super::relay::Relay;
 use super::rng::Rng;
 use super::workload::Workload;
 use crate::StandaloneCluster;
 
 /// The node the volume is attached on (the workload runs in its namespace).
 pub const ENGINE_NODE: &str = "n-1";
+
+/// The replica node whose link a relay scenario delays.
+pub const RELAY_NODE: &str = "n-2";
 
 pub struct Ctx {
     pub cluster: StandaloneCluster,
@@ -30,6 +34,9 @@ pub struct Ctx {
     /// The seeded choices the scenario made (targets, gaps, delays), in
     /// order: one seed gives one schedule.
     pub schedule: Vec<String>,
+    /// The delay relay in front of `RELAY_NODE` (scenarios with `relay`).
+    /// Last, so it outlives the cluster's processes it carries traffic for.
+    pub relay: Option<Relay>,
 }
 
 /// A replica of the volume as the manager sees it.

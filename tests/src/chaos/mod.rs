@@ -7,6 +7,7 @@
 pub mod ctx;
 pub mod faults;
 pub mod nbd;
+pub mod relay;
 pub mod rng;
 pub mod run;
 pub mod scenarios;

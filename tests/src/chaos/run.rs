@@ -8,7 +8,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::ctx::{Ctx, ENGINE_NODE, endpoint_of};
+use super::ctx::{Ctx, ENGINE_NODE, RELAY_NODE, endpoint_of};
+use super::relay::Relay;
 use super::rng::Rng;
 use super::scenarios::Scenario;
 use super::workload::{self, Tally, Workload, WorkloadConfig};
@@ -92,8 +93,6 @@ fn setup(scenario: &Scenario, index: usize, config: &RunConfig) -> Result<Ctx, S
     for (name, value) in SETTINGS {
         cluster.cli(&["setting", "set", name, value])?;
     }
-    cluster.cli(&["volume", "create", VOLUME, "--size", "64MiB", "--replicas", "3"])?;
-    cluster.cli(&["volume", "attach", VOLUME, "--node", ENGINE_NODE])?;
     let api = cluster.api.clone();
     let mut ctx = Ctx {
         cluster,
@@ -103,7 +102,18 @@ fn setup(scenario: &Scenario, index: usize, config: &RunConfig) -> Result<Ctx, S
         workload: Workload::idle(),
         crash_all: false,
         schedule: Vec::new(),
+        relay: None,
     };
+    if scenario.relay {
+        // Node I's instances get ports port_base + 100 I ..= + 99 (`up`).
+        let first = port_base as u32 + 100 * RELAY_NODE[2..].parse::<u32>().map_err(|e| e.to_string())?;
+        let ports = format!("{first}:{}", first + 99);
+        let engine_ip = ctx.node_ip(ENGINE_NODE)?;
+        let relay_rng = Rng::derive(config.seed, &format!("{}-relay", scenario.name));
+        ctx.relay = Some(Relay::start(&ctx.netns(RELAY_NODE)?, &engine_ip, &ports, relay_rng)?);
+    }
+    ctx.cluster.cli(&["volume", "create", VOLUME, "--size", "64MiB", "--replicas", "3"])?;
+    ctx.cluster.cli(&["volume", "attach", VOLUME, "--node", ENGINE_NODE])?;
     ctx.wait_healthy(Duration::from_secs(60))?;
     let netns = ctx.netns(ENGINE_NODE)?;
     ctx.workload = Workload::start(

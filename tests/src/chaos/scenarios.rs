@@ -11,8 +11,11 @@ use std::time::Duration;
 
 use ironhorn_proto::replica::{FaultAction, FaultOp};
 
-use super::ctx::{Ctx, ENGINE_NODE, Replica};
+use std::sync::atomic::Ordering;
+
+use super::ctx::{Ctx, ENGINE_NODE, RELAY_NODE, Replica};
 use super::faults;
+use super::relay::Delay;
 
 pub type Fault = fn(&mut Ctx) -> Result<(), String>;
 
@@ -23,6 +26,9 @@ pub struct Scenario {
     /// Every replica (or the whole cluster) dies at once: acknowledged but
     /// unflushed writes may roll back.
     pub crash_all: bool,
+    /// The engine's connections to `RELAY_NODE` go through a delay relay
+    /// (`ctx.relay`) from before the volume attaches.
+    pub relay: bool,
     pub fault: Fault,
 }
 
@@ -31,108 +37,133 @@ pub const SCENARIOS: &[Scenario] = &[
         name: "kill-replica",
         proves: "a replica's process killed under load: I/O goes on, the replica is reused and rebuilt",
         crash_all: false,
+        relay: false,
         fault: kill_one_replica,
     },
     Scenario {
         name: "kill-two-replicas",
         proves: "two of three replicas killed at once: the last one serves alone, both come back",
         crash_all: false,
+        relay: false,
         fault: kill_two_replicas,
     },
     Scenario {
         name: "kill-each-replica",
         proves: "every replica killed one after another: the volume faults, is salvaged, and keeps every flushed write",
         crash_all: true,
+        relay: false,
         fault: kill_each_replica,
     },
     Scenario {
         name: "kill-engine",
         proves: "the engine killed: the manager starts a new one at a higher epoch and the client reconnects",
         crash_all: false,
+        relay: false,
         fault: kill_engine,
     },
     Scenario {
         name: "kill-instance-manager",
         proves: "the engine node's instance manager killed: the serving engine is neither replaced nor re-epoched",
         crash_all: false,
+        relay: false,
         fault: kill_instance_manager,
     },
     Scenario {
         name: "instance-manager-hung",
         proves: "the engine node's instance manager frozen (SIGSTOP) for a while: the engine keeps serving, unreplaced",
         crash_all: false,
+        relay: false,
         fault: instance_manager_hung,
     },
     Scenario {
         name: "kill-manager",
         proves: "the manager killed and restarted: the data path never notices, the new manager adopts everything",
         crash_all: false,
+        relay: false,
         fault: kill_manager,
     },
     Scenario {
         name: "kill-node",
         proves: "a replica node dies whole (every process, link down) and comes back: its replica is rebuilt",
         crash_all: false,
+        relay: false,
         fault: kill_node,
     },
     Scenario {
         name: "partition-replica",
         proves: "engine and one replica cut apart, then healed: the replica is reused with a delta rebuild",
         crash_all: false,
+        relay: false,
         fault: partition_replica,
     },
     Scenario {
         name: "manager-cut",
         proves: "the engine's node cut from the manager: the volume keeps serving writes all along",
         crash_all: false,
+        relay: false,
         fault: manager_cut,
     },
     Scenario {
         name: "one-way-partition",
         proves: "a replica's node can hear the engine but not answer: the replica is failed, then rebuilt",
         crash_all: false,
+        relay: false,
         fault: one_way_partition,
     },
     Scenario {
         name: "slow-link",
         proves: "one replica's link narrowed to a queue of hundreds of ms: writes go on, nothing is lost",
         crash_all: false,
+        relay: false,
         fault: slow_link,
+    },
+    Scenario {
+        name: "link-latency",
+        proves: "one replica's answers delayed 150-250 ms (jittered) on its link: writes go on, the replica stays, nothing is lost",
+        crash_all: false,
+        relay: true,
+        fault: link_latency,
     },
     Scenario {
         name: "packet-loss",
         proves: "10 % of packets dropped on one replica's node: TCP rides it or the replica is rebuilt",
         crash_all: false,
+        relay: false,
         fault: packet_loss,
     },
     Scenario {
         name: "link-flap",
         proves: "a replica's link flapping every few seconds: retries back off, the volume ends healthy",
         crash_all: false,
+        relay: false,
         fault: link_flap,
     },
     Scenario {
         name: "replica-disk-eio",
         proves: "one replica's disk fails writes with EIO: that replica alone is failed and rebuilt",
         crash_all: false,
+        relay: false,
         fault: replica_disk_eio,
     },
     Scenario {
         name: "replica-disk-full",
         proves: "one replica's disk answers ENOSPC: that replica alone is failed, nothing acknowledged is lost",
         crash_all: false,
+        relay: false,
         fault: replica_disk_full,
     },
     Scenario {
         name: "replica-disk-slow",
         proves: "one replica's disk answers after 50-250 ms (jittered): writes go on, nothing is lost",
         crash_all: false,
+        relay: false,
         fault: replica_disk_slow,
     },
     Scenario {
         name: "replica-torn-write",
         proves: "a replica's write lands half and fails: the replica is failed and rebuilt, the half never shows",
         crash_all: false,
+        relay: false,
         fault: replica_torn_write,
     },
     Scenario {
@@ -140,6 +171,7 @@ pub const SCENARIOS: &[Scenario] = &[
         proves: "flipped bits in a snapshot of one replica (data nobody reads): a scrub finds every one, \
                  repairs each in place from a healthy replica, the replica stays RW, events say so",
         crash_all: false,
+        relay: false,
         fault: bit_rot_at_rest,
     },
     Scenario {
@@ -147,24 +179,28 @@ pub const SCENARIOS: &[Scenario] = &[
         proves: "flipped bits in the live data of one replica under load: no wrong byte is ever returned, \
                  reads and a scrub repair them in place, the replica stays RW, nothing bad is left",
         crash_all: false,
+        relay: false,
         fault: bit_rot_live,
     },
     Scenario {
         name: "kill-rebuilding-replica",
         proves: "a replica killed during its own rebuild: it is rebuilt again",
         crash_all: false,
+        relay: false,
         fault: kill_rebuilding_replica,
     },
     Scenario {
         name: "kill-rebuild-source",
         proves: "the rebuild's source killed mid-rebuild: the rebuild finishes from another or restarts",
         crash_all: false,
+        relay: false,
         fault: kill_rebuild_source,
     },
     Scenario {
         name: "manager-restart-during-rebuild",
         proves: "the manager killed and restarted while a replica rebuilds: the rebuild finishes",
         crash_all: false,
+        relay: false,
         fault: manager_restart_during_rebuild,
     },
     Scenario {
@@ -172,12 +208,14 @@ pub const SCENARIOS: &[Scenario] = &[
         proves: "an engine frozen (SIGSTOP) and cut off while the volume moves to a new engine elsewhere, then \
                  woken: whatever it still sends is refused or repaired, nothing lands over newer data",
         crash_all: false,
+        relay: false,
         fault: old_engine_fenced,
     },
     Scenario {
         name: "power-loss",
         proves: "every process of the cluster killed at once, then `up` again: every flushed write is there",
         crash_all: true,
+        relay: false,
         fault: power_loss,
     },
 ];
@@ -374,6 +412,40 @@ fn slow_link(ctx: &mut Ctx) -> Result<(), String> {
         faults::slow_link(ns, 20_000, latency)
     })
     .map(drop)
+}
+
+fn link_latency(ctx: &mut Ctx) -> Result<(), String> {
+    let lo = ctx.rng.between(100, 150);
+    let delay = Delay { lo_ms: lo, hi_ms: lo + 100 };
+    ctx.note(format!("{RELAY_NODE}'s answers delayed {}-{} ms", delay.lo_ms, delay.hi_ms));
+    let modes = ctx.replica_modes();
+    let relay = ctx.relay.as_ref().ok_or("link-latency needs the relay (Scenario.relay)")?;
+    let connections = relay.counters().connections.load(Ordering::Relaxed);
+    if connections == 0 {
+        return Err(format!("no connection of the engine to {RELAY_NODE} went through the relay"));
+    }
+    let delayed_before = relay.counters().delayed.load(Ordering::Relaxed);
+    relay.set_delay(Some(delay));
+    // The fault is in effect once answers are observably being held back.
+    let held = ctx.until(Duration::from_secs(30), "the relay delaying the replica's answers", |c| {
+        c.relay.as_ref().is_some_and(|r| r.counters().delayed.load(Ordering::Relaxed) >= delayed_before + 50)
+    });
+    let served = held.and_then(|()| {
+        ctx.hold();
+        ctx.in_flight(100)
+    });
+    let relay = ctx.relay.as_ref().ok_or("relay gone")?;
+    relay.set_delay(None);
+    served.map_err(|e| format!("writes under latency: {e}"))?;
+    let c = relay.counters();
+    let (n, total) = (c.delayed.load(Ordering::Relaxed) - delayed_before, c.delay_ms.load(Ordering::Relaxed));
+    ctx.note(format!("{n} answers delayed, {:.0} ms on average", total as f64 / n.max(1) as f64));
+    // Latency is not a failure: no replica may have left RW for it.
+    let after = ctx.replica_modes();
+    if after != modes {
+        return Err(format!("replicas changed under latency: {modes:?} -> {after:?}"));
+    }
+    Ok(())
 }
 
 fn packet_loss(ctx: &mut Ctx) -> Result<(), String> {
