@@ -58,6 +58,7 @@ pub fn status_message(s: volume::VolumeStatus) -> StatusResponse {
                 method: r.method,
                 started_unix_ms: r.started_unix_ms,
                 finished_unix_ms: r.finished_unix_ms,
+                join_moves: r.join_moves,
             })
             .collect(),
         fenced: s.fenced,

@@ -164,6 +164,7 @@ fn print_status(s: StatusResponse) {
                 "replica": r.replica, "source": r.source, "state": r.state, "method": r.method,
                 "compared_bytes": r.compared_bytes, "copied_bytes": r.copied_bytes, "total_bytes": r.total_bytes,
                 "error": r.error, "started_unix_ms": r.started_unix_ms, "finished_unix_ms": r.finished_unix_ms,
+                "join_moves": r.join_moves,
             })
         })
         .collect();

@@ -73,6 +73,7 @@ pub fn status_error(status: tonic::Status) -> ReplicaError {
         }
         tonic::Code::FailedPrecondition => ReplicaError::Fenced(status.message().to_string()),
         tonic::Code::ResourceExhausted => ReplicaError::NoSpace(status.message().to_string()),
+        tonic::Code::DataLoss => ReplicaError::Corrupt(status.message().to_string()),
         _ => ReplicaError::Failed(format!("{}: {}", status.code(), status.message())),
     }
 }

@@ -42,7 +42,10 @@ pub(crate) fn status(e: StoreError) -> Status {
         StoreError::AlreadyExists(_) => Status::already_exists(msg),
         StoreError::Fenced { .. } => Status::failed_precondition(msg),
         StoreError::OutOfSpace { .. } | StoreError::DeviceFull { .. } => Status::resource_exhausted(msg),
-        StoreError::Checksum { .. } | StoreError::Io { .. } | StoreError::Corrupt(_) => Status::data_loss(msg),
+        // DATA_LOSS is a block that fails its checksum (another replica's
+        // copy may be good); an I/O error or a broken store is INTERNAL.
+        StoreError::Checksum { .. } => Status::data_loss(msg),
+        StoreError::Io { .. } | StoreError::Corrupt(_) => Status::internal(msg),
         StoreError::Failed(_) | StoreError::NotAStore(_) => Status::unavailable(msg),
     }
 }

@@ -425,6 +425,126 @@ fn flipped_bits_in_one_replica_are_repaired_in_place_by_reads_and_a_scrub() {
     }
 }
 
+/// A rebuild whose source reads back bad blocks: the chunks holding them are
+/// copied from another healthy replica instead (the rebuild does not fail
+/// and start over from a source that will fail the same way), and the
+/// source's bad blocks are repaired in place. Both old replicas carry
+/// flipped bits, in different blocks, so whichever one the engine picks as
+/// the source has bad blocks the other holds good. The new replica ends
+/// RW with exactly the written bytes; a scrub afterwards finds the rest,
+/// and nothing is left bad.
+#[test]
+fn a_rebuild_copies_a_bad_source_block_from_another_replica_and_the_source_is_repaired() {
+    require_root();
+    let dir = TempDir::new("safety-rotsrc");
+    let r = fault_injecting_replicas(dir.path(), "s");
+    let e = engine(dir.path(), "rotsrc", 1, &[&r[0], &r[1]], &[]);
+    let mut client = nbd(dir.path(), "rotsrc");
+    for block in 0..256 {
+        write_block(&mut client, block, 1);
+    }
+    flush(&mut client);
+    let a = flip_bits(&r[0].address, 6, 11);
+    let b = flip_bits(&r[1].address, 6, 12);
+    assert!(a.iter().all(|x| !b.contains(x)), "the seeds flip different blocks: {a:?} {b:?}");
+
+    engine_cli(&["replica", "add", "--engine", &e.address, "--replica", &r[2].address])
+        .expect("the rebuild finishes although its source has bad blocks");
+    let status = engine_status(&e);
+    assert_eq!(replica_modes(&status)[&r[2].address], "RW", "{status}");
+    assert_eq!(status["rebuilds"][0]["state"], "done", "{status}");
+    assert!(status["bad_blocks_found"].as_u64() > Some(0), "the copy met the source's bad blocks: {status}");
+    let (found, view) = replica_scrub_and_view(&r[2].address, "", 2 << 20);
+    assert_eq!(found, 0, "the new replica holds no bad block");
+    for block in 0..512u64 {
+        let got = &view[(block * BLOCK) as usize..((block + 1) * BLOCK) as usize];
+        let want = if block < 256 { pattern(block, 1) } else { vec![0; BLOCK as usize] };
+        assert!(got == want.as_slice(), "block {block} of the rebuilt replica");
+    }
+
+    let scrub: serde_json::Value =
+        serde_json::from_str(&engine_cli(&["scrub", "--engine", &e.address, "--wait"]).expect("scrub")).unwrap();
+    assert_eq!(scrub["state"], "done", "{scrub}");
+    let status = engine_status(&e);
+    assert_eq!(status["bad_blocks_found"].as_u64(), Some(12), "every flipped block found once: {status}");
+    assert_eq!(status["bad_blocks_repaired"].as_u64(), Some(12), "{status}");
+    assert!(replica_modes(&status).values().all(|m| m == "RW"), "{status}");
+    for replica in &r {
+        let (found, view) = replica_scrub_and_view(&replica.address, "", 2 << 20);
+        assert_eq!(found, 0, "{} holds no bad block", replica.address);
+        for block in 0..256u64 {
+            assert_eq!(version_of(block, &view[(block * BLOCK) as usize..][..BLOCK as usize]), Some(1));
+        }
+    }
+}
+
+/// A rebuild of a full volume while the whole volume is rewritten twice. The
+/// rebuild's join snapshot keeps every block the writes replace, and a
+/// store's room beyond the volume is a quarter of it: held for the whole
+/// copy, the snapshot ran the replicas out of space and writes got ENOSPC.
+/// The engine now moves the join point forward when a replica's free room
+/// has halved since the join (a new rebuild snapshot, the old one merged
+/// away), so the writes never fail, the rebuild finishes, and the new
+/// replica alone serves the last version of every block.
+#[test]
+fn a_rebuild_under_a_full_rewrite_never_runs_the_replicas_out_of_space() {
+    require_root();
+    let dir = TempDir::new("safety-roll");
+    let a = replica(dir.path(), "a");
+    let b = replica(dir.path(), "b");
+    let c = replica(dir.path(), "c");
+    let e = engine(dir.path(), "roll", 1, &[&a, &b], &["--rebuild-mib-per-sec", "8"]);
+    let mut client = nbd(dir.path(), "roll");
+    const BLOCKS: u64 = 64 * 256;
+    const RUN: u64 = 64;
+    let write_all = |client: &mut NbdClient, version: u64| {
+        for first in (0..BLOCKS).step_by(RUN as usize) {
+            let data: Vec<u8> = (first..first + RUN).flat_map(|block| pattern(block, version)).collect();
+            let (error, _) = client.request(NBD_WRITE, first * BLOCK, (RUN * BLOCK) as u32, &data).unwrap();
+            assert_eq!(error, 0, "write of blocks {first}.. version {version}");
+        }
+        flush(client);
+    };
+    write_all(&mut client, 1);
+
+    let engine_address = e.address.clone();
+    let new = c.address.clone();
+    let add =
+        std::thread::spawn(move || engine_cli(&["replica", "add", "--engine", &engine_address, "--replica", &new]));
+    // The rewrite starts once the copy is observably under way.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let rebuild = engine_status(&e)["rebuilds"][0].clone();
+        if rebuild["state"] == "running" && rebuild["copied_bytes"].as_u64() > Some(0) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "no rebuild copying: {rebuild}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    write_all(&mut client, 2);
+    write_all(&mut client, 3);
+    let rebuild = engine_status(&e)["rebuilds"][0].clone();
+    assert_eq!(rebuild["state"], "running", "the rewrite happened during the copy: {rebuild}");
+    add.join().unwrap().expect("the rebuild finishes");
+    let status = engine_status(&e);
+    assert!(replica_modes(&status).values().all(|m| m == "RW"), "{status}");
+    assert!(status["rebuilds"][0]["join_moves"].as_u64() >= Some(2), "the join point moved: {status}");
+
+    // The rebuilt replica alone serves every block's last version.
+    for old in [&a, &b] {
+        engine_cli(&["replica", "remove", "--engine", &e.address, "--replica", &old.address]).expect("remove");
+    }
+    assert_eq!(replica_modes(&engine_status(&e)).len(), 1);
+    for first in (0..BLOCKS).step_by(RUN as usize) {
+        let (error, data) = client.request(NBD_READ, first * BLOCK, (RUN * BLOCK) as u32, &[]).unwrap();
+        assert_eq!(error, 0, "read of blocks {first}..");
+        for (i, block) in (first..first + RUN).enumerate() {
+            let got = version_of(block, &data[i * BLOCK as usize..][..BLOCK as usize]);
+            assert_eq!(got, Some(3), "block {block} on the rebuilt replica");
+        }
+    }
+}
+
 /// A small filesystem mounted for one test, unmounted (and its loop device
 /// released: mount -o loop sets autoclear) on drop, by its exact path.
 struct SmallFs {

@@ -26,7 +26,7 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 use futures_util::future::join_all;
 use ironhorn_proto::replica::{
-    ChecksumsRequest, ExpandRequest, ExtentsRequest, InfoResponse, IoOp, IoRequest, LayerInsertRequest,
+    ChecksumsRequest, ExpandRequest, ExtentsRequest, InfoRequest, InfoResponse, IoOp, IoRequest, LayerInsertRequest,
     ReadLayerRequest, SetEpochRequest, SnapshotCreateRequest, SnapshotDeleteRequest, SnapshotListRequest,
     SnapshotRevertRequest, WithdrawStampRequest, WriteLayerRequest,
 };
@@ -41,6 +41,7 @@ use crate::replica_conn::{ReplicaConn, ReplicaError, unary};
 mod admin;
 mod bookkeeping;
 mod compare;
+mod join_window;
 mod rebuild;
 mod repair;
 
@@ -125,6 +126,7 @@ pub struct RebuildStatus {
     pub error: String,
     pub started_unix_ms: u64,
     pub finished_unix_ms: u64,
+    pub join_moves: u32,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -200,6 +202,9 @@ pub struct Volume {
     /// unlimited volume's requests never take the lock.
     limiter: Mutex<Limiter>,
     limited: AtomicBool,
+    /// Bytes written since a rebuild's join point, against the room its
+    /// join snapshot may pin.
+    join_window: join_window::JoinWindow,
 }
 
 /// A data request to a replica's stream (its id is set when enqueued).
@@ -262,6 +267,7 @@ impl Volume {
             repairs,
             limiter: Mutex::new(Limiter::default()),
             limited: AtomicBool::new(false),
+            join_window: Default::default(),
         });
         volume.spawn_repairs(repair_jobs);
         let mut joined: Vec<(Arc<Replica>, InfoResponse)> = Vec::new();
@@ -662,6 +668,7 @@ impl Volume {
         if length > MAX_IO_BYTES {
             return Err(VolumeError::TooLarge(format!("write of {length} bytes exceeds {MAX_IO_BYTES}")));
         }
+        self.join_window.admit(length).await;
         self.replicate(IoOp::Write, offset, length, data, fua).await
     }
 

@@ -44,12 +44,7 @@ impl Volume {
         unary(self.timeout, conn.client().withdraw_stamp(WithdrawStampRequest { epoch: self.epoch }))
             .await
             .map_err(|e| replica_error(address, e))?;
-        let snapshot = format!(
-            "{REBUILD_PREFIX}{}-{}-{}",
-            self.epoch,
-            now_unix_ms(),
-            self.rebuild_seq.fetch_add(1, Ordering::SeqCst)
-        );
+        let snapshot = self.rebuild_snapshot_name();
         let target = Arc::new(Replica {
             address: address.to_string(),
             store_id: info.store_id,
@@ -205,8 +200,16 @@ impl Volume {
         };
         status.total_bytes = plan.iter().map(|(_, c)| c.len() as u64 * CHUNK).sum();
         self.record_rebuild(status.clone());
+        // The join snapshot pins what the writes replace: they get a budget
+        // from the replicas' free room, and the join point moves forward
+        // before they use it up (see join_window.rs).
+        let free = self.free_room().await?;
+        self.join_window.open(join_window::budget(&free));
+        let _window = CloseWindow(&self.join_window);
+        let mut join = snapshot.to_string();
         let started = std::time::Instant::now();
         for (layer, wanted) in &plan {
+            let current = |join: &str| if layer == snapshot { join.to_string() } else { layer.clone() };
             for batch in wanted.chunks(CHECKSUM_BATCH_CHUNKS as usize) {
                 // Chunks a dirty map names are copied as they are: one may
                 // hold a block that failed its checksum on the target while
@@ -214,29 +217,63 @@ impl Volume {
                 let differing = if dirty.is_some() && same_chain {
                     batch.to_vec()
                 } else {
-                    self.differing_chunks(source, target, layer, batch).await?
+                    self.differing_chunks(source, target, &current(&join), batch).await?
                 };
                 status.compared_bytes += batch.len() as u64 * CHUNK;
                 // Several chunks in flight, so the source reads the next
                 // while the target writes the last (one at a time, each
-                // disk idled half the time).
-                let mut copies = futures_util::stream::iter(differing.iter().copied())
-                    .map(|chunk| self.copy_chunk(source, target, layer, chunk))
-                    .buffer_unordered(REBUILD_CHUNKS_IN_FLIGHT);
+                // disk idled half the time). The join point moves only
+                // with none in flight.
+                let mut pending = differing.into_iter();
+                let mut copies = futures_util::stream::FuturesUnordered::new();
                 let mut done = 0;
-                while let Some(copied) = copies.next().await {
+                let mut account = |copied: Result<u64>, status: &mut RebuildStatus| -> Result<bool> {
                     status.copied_bytes += copied?;
                     done += 1;
                     self.record_rebuild(status.clone());
-                    if done % FLUSH_EVERY_CHUNKS == 0 {
-                        self.flush_target(target).await?;
-                    }
-                    let rate = self.rebuild_bytes_per_sec.load(Ordering::SeqCst);
-                    if rate > 0 {
-                        let due = Duration::from_secs_f64(status.copied_bytes as f64 / rate as f64);
-                        if let Some(wait) = due.checked_sub(started.elapsed()) {
-                            tokio::time::sleep(wait).await;
+                    Ok(done % FLUSH_EVERY_CHUNKS == 0)
+                };
+                loop {
+                    if self.join_window.wants_move() {
+                        while let Some(copied) = copies.next().await {
+                            if account(copied, status)? {
+                                self.flush_target(target).await?;
+                            }
                         }
+                        if let Some(moved) = self.move_join(source, target, &join).await? {
+                            join = moved;
+                            status.join_moves += 1;
+                            self.record_rebuild(status.clone());
+                        }
+                        continue;
+                    }
+                    // The rate limit: nothing more goes out before its time
+                    // (a move wanted meanwhile is made first).
+                    if let Some(wait) = self.rebuild_pace(status.copied_bytes, started) {
+                        tokio::select! {
+                            () = tokio::time::sleep(wait) => {}
+                            () = self.join_window.move_wanted() => {}
+                        }
+                        if copies.is_empty() {
+                            continue;
+                        }
+                    } else {
+                        while copies.len() < REBUILD_CHUNKS_IN_FLIGHT {
+                            let Some(chunk) = pending.next() else { break };
+                            let layer = current(&join);
+                            copies.push(async move { self.copy_chunk(source, target, &layer, chunk).await });
+                        }
+                    }
+                    if copies.is_empty() {
+                        break;
+                    }
+                    tokio::select! {
+                        copied = copies.next() => {
+                            if let Some(copied) = copied && account(copied, status)? {
+                                self.flush_target(target).await?;
+                            }
+                        }
+                        () = self.join_window.move_wanted() => {}
                     }
                 }
                 self.flush_target(target).await?;
@@ -245,9 +282,10 @@ impl Volume {
         }
         // Verify every layer, whatever the plan was.
         for layer in &source_names {
+            let layer = if layer == snapshot { join.clone() } else { layer.clone() };
             let all: Vec<u64> = (0..chunks).collect();
             for batch in all.chunks(CHECKSUM_BATCH_CHUNKS as usize) {
-                let differing = self.differing_chunks(source, target, layer, batch).await?;
+                let differing = self.differing_chunks(source, target, &layer, batch).await?;
                 if !differing.is_empty() {
                     return Err(VolumeError::Io(format!(
                         "verification: layer {layer} still differs in {} chunk(s) starting at {}",
@@ -258,6 +296,85 @@ impl Volume {
             }
         }
         Ok(())
+    }
+
+    /// How long the copy must wait before sending more, to keep to the
+    /// rebuild rate limit (None: it may go now).
+    fn rebuild_pace(&self, copied: u64, started: std::time::Instant) -> Option<Duration> {
+        let rate = self.rebuild_bytes_per_sec.load(Ordering::SeqCst);
+        if rate == 0 {
+            return None;
+        }
+        let due = Duration::from_secs_f64(copied as f64 / rate as f64);
+        due.checked_sub(started.elapsed()).filter(|w| !w.is_zero())
+    }
+
+    pub(super) fn rebuild_snapshot_name(&self) -> String {
+        format!("{REBUILD_PREFIX}{}-{}-{}", self.epoch, now_unix_ms(), self.rebuild_seq.fetch_add(1, Ordering::SeqCst))
+    }
+
+    /// Free room of every RW replica, in bytes.
+    async fn free_room(&self) -> Result<Vec<u64>> {
+        let mut free = Vec::new();
+        for r in self.replicas_in(&[Mode::RW]) {
+            let info = unary(self.timeout, r.conn.client().info(InfoRequest {}))
+                .await
+                .map_err(|e| replica_error(&r.address, e))?;
+            free.push(info.capacity_bytes.saturating_sub(info.used_bytes));
+        }
+        Ok(free)
+    }
+
+    /// Moves the rebuild's join point forward: with I/O paused, every RW
+    /// replica and the target seal their heads into a new rebuild snapshot;
+    /// then the old one is deleted, merging into the new one, which frees
+    /// every block the writes since the old join replaced. The target's
+    /// copied chunks stay valid: it took the same writes since the old join,
+    /// so its view of the new snapshot matches the source's wherever its
+    /// view of the old one did. Moved only while the join snapshot is the
+    /// newest layer: a user snapshot taken since sits on it, and merging the
+    /// join snapshot into that one would change that snapshot's view on the
+    /// target where no chunk was copied yet. Then the budget is dropped
+    /// instead (writes may meet a full store, as before the budget) and
+    /// None is returned.
+    async fn move_join(&self, source: &Replica, target: &Replica, old: &str) -> Result<Option<String>> {
+        let new = self.rebuild_snapshot_name();
+        {
+            // Under the pause, as a user snapshot is taken: none can come
+            // between this look and the new join snapshot.
+            let _pause = self.pause.write().await;
+            let list = unary(self.timeout, source.conn.client().snapshot_list(SnapshotListRequest {}))
+                .await
+                .map_err(|e| replica_error(&source.address, e))?;
+            if list.snapshots.last().map(|s| s.name.as_str()) != Some(old) {
+                tracing::warn!(join = old, "a snapshot was taken on the rebuild's join point; it is not moved");
+                self.join_window.close();
+                return Ok(None);
+            }
+            let epoch = self.epoch;
+            self.on_all("rebuild snapshot", |r| {
+                let name = new.clone();
+                async move {
+                    unary(r.conn.timeout(), r.conn.client().snapshot_create(SnapshotCreateRequest { name, epoch }))
+                        .await
+                }
+            })
+            .await?;
+            self.join_window.reset();
+        }
+        let epoch = self.epoch;
+        self.on_all("merge of the old rebuild snapshot", |r| {
+            let name = old.to_string();
+            async move {
+                unary(r.conn.timeout(), r.conn.client().snapshot_delete(SnapshotDeleteRequest { name, epoch })).await
+            }
+        })
+        .await?;
+        if target.mode() != Mode::WO {
+            return Err(VolumeError::Io(format!("replica {} failed while the join point moved", target.address)));
+        }
+        tracing::info!(old, new = %new, "rebuild join point moved");
+        Ok(Some(new))
     }
 
     /// Makes the target's copied data durable, so a crash of the target
@@ -322,11 +439,7 @@ impl Volume {
     pub(super) async fn copy_chunk(&self, source: &Replica, target: &Replica, layer: &str, chunk: u64) -> Result<u64> {
         let offset = chunk * CHUNK;
         let length = CHUNK.min(self.size() - offset);
-        let read = ReadLayerRequest { layer: layer.to_string(), offset, length, merged: true };
-        let data = unary(self.timeout, source.conn.client().read_layer(read))
-            .await
-            .map_err(|e| replica_error(&source.address, e))?
-            .data;
+        let data = self.read_chunk_for_copy(source, target, layer, offset, length).await?;
         let mut t = target.conn.client();
         let blocks = (length / BLOCK) as usize;
         let is_zero = |i: usize| data[i * BLOCK as usize..(i + 1) * BLOCK as usize].iter().all(|&b| b == 0);
@@ -367,6 +480,70 @@ impl Volume {
         Ok(copied)
     }
 
+    /// `layer`'s view of `[offset, offset+length)` as the source holds it.
+    /// A block of the source that fails its checksum does not fail the
+    /// rebuild: the chunk is then read block by block, each bad block from
+    /// another RW replica's view of the same layer (every RW replica's
+    /// layers read the same; the rebuild verifies the target's), and the
+    /// ranges that read bad are queued for repair in place. Only a block no
+    /// replica holds good fails the copy.
+    async fn read_chunk_for_copy(
+        &self,
+        source: &Replica,
+        target: &Replica,
+        layer: &str,
+        offset: u64,
+        length: u64,
+    ) -> Result<Bytes> {
+        let read = |r: &Replica, offset: u64, length: u64| {
+            let request = ReadLayerRequest { layer: layer.to_string(), offset, length, merged: true };
+            let mut client = r.conn.client();
+            async move { unary(self.timeout, client.read_layer(request)).await.map(|r| r.data) }
+        };
+        match read(source, offset, length).await {
+            Ok(data) => return Ok(data),
+            Err(ReplicaError::Corrupt(m)) => {
+                tracing::error!(replica = %source.address, layer, offset, length, "rebuild source read a bad block: {m}");
+            }
+            Err(e) => return Err(replica_error(&source.address, e)),
+        }
+        let others: Vec<Arc<Replica>> = self
+            .replicas_in(&[Mode::RW])
+            .into_iter()
+            .filter(|r| r.store_id != source.store_id && r.store_id != target.store_id)
+            .collect();
+        let copies: Vec<&Replica> = std::iter::once(source).chain(others.iter().map(|r| r.as_ref())).collect();
+        let mut chunk = bytes::BytesMut::with_capacity(length as usize);
+        let mut read_bad = vec![false; copies.len()];
+        for at in (offset..offset + length).step_by(BLOCK as usize) {
+            let mut good = None;
+            for (i, copy) in copies.iter().enumerate() {
+                match read(copy, at, BLOCK).await {
+                    Ok(data) if data.len() as u64 == BLOCK => {
+                        good = Some(data);
+                        break;
+                    }
+                    Ok(data) => tracing::warn!(replica = %copy.address, bytes = data.len(), "short layer read"),
+                    Err(ReplicaError::Corrupt(_)) => read_bad[i] = true,
+                    Err(e) => tracing::warn!(replica = %copy.address, error = %e, "layer read failed"),
+                }
+            }
+            let Some(data) = good else {
+                return Err(VolumeError::Io(format!(
+                    "replica {}: the block at {at} of layer {layer} reads bad and no other replica holds it good",
+                    source.address
+                )));
+            };
+            chunk.extend_from_slice(&data);
+        }
+        // The bad blocks found on the way (the source's, and any another
+        // replica showed) are rewritten from a good copy by the repair worker.
+        for (copy, _) in copies.iter().zip(&read_bad).filter(|(_, bad)| **bad) {
+            self.queue_repair(copy, offset, length);
+        }
+        Ok(chunk.freeze())
+    }
+
     /// Removes rebuild snapshots from every writable replica (their data
     /// merges into the head; no view changes). Best effort.
     pub(super) async fn drop_rebuild_snapshots(&self) {
@@ -389,5 +566,14 @@ impl Volume {
                 tracing::error!(replica = %address, error = %e, "rebuild at start failed");
             }
         }
+    }
+}
+
+/// Drops the join window's budget when the copy ends, however it ends.
+struct CloseWindow<'a>(&'a join_window::JoinWindow);
+
+impl Drop for CloseWindow<'_> {
+    fn drop(&mut self) {
+        self.0.close();
     }
 }
