@@ -68,6 +68,7 @@ pub fn status_message(s: volume::VolumeStatus) -> StatusResponse {
         bad_blocks_found: s.bad_blocks_found,
         bad_blocks_repaired: s.bad_blocks_repaired,
         limits: Some(IoLimits { iops: s.limits.iops, bytes_per_sec: s.limits.bytes_per_sec }),
+        rebuild_bytes_per_sec: s.rebuild_bytes_per_sec,
     }
 }
 
@@ -168,6 +169,13 @@ impl Engine for EngineService {
         let l = request.into_inner();
         self.volume.set_limits(crate::limit::Limits { iops: l.iops, bytes_per_sec: l.bytes_per_sec });
         tracing::info!(iops = l.iops, bytes_per_sec = l.bytes_per_sec, "I/O limits set");
+        Ok(Response::new(status_message(self.volume.status())))
+    }
+
+    async fn set_rebuild_rate(&self, request: Request<RebuildRate>) -> Result<Response<StatusResponse>, Status> {
+        let rate = request.into_inner().bytes_per_sec;
+        self.volume.set_rebuild_rate(rate);
+        tracing::info!(bytes_per_sec = rate, "rebuild rate set");
         Ok(Response::new(status_message(self.volume.status())))
     }
 

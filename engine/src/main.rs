@@ -172,6 +172,7 @@ fn print_status(s: StatusResponse) {
         "volume": s.volume, "size_bytes": s.size_bytes, "epoch": s.epoch, "frontends": s.frontends,
         "replicas": replicas, "rebuilds": rebuilds, "fenced": s.fenced, "out_of_space": s.out_of_space,
         "unflushed_bytes": s.unflushed_bytes, "scrub": s.scrub.map(scrub_json),
+        "rebuild_bytes_per_sec": s.rebuild_bytes_per_sec,
         "limits": s.limits.map(|l| serde_json::json!({ "iops": l.iops, "bytes_per_sec": l.bytes_per_sec })),
         "bad_blocks_found": s.bad_blocks_found, "bad_blocks_repaired": s.bad_blocks_repaired,
     });

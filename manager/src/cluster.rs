@@ -46,6 +46,12 @@ pub trait Cluster: Clone + Send + Sync + 'static {
         engine: &str,
         limits: ironhorn_proto::engine::IoLimits,
     ) -> impl Future<Output = Result<(), String>> + Send;
+    /// Replaces the engine's rebuild copy rate limit (0: none).
+    fn engine_set_rebuild_rate(
+        &self,
+        engine: &str,
+        bytes_per_sec: u64,
+    ) -> impl Future<Output = Result<(), String>> + Send;
     /// Starts a scrub on the engine (a running one is left running).
     fn engine_scrub(&self, engine: &str) -> impl Future<Output = Result<(), String>> + Send;
     /// Grows one replica's store directly (its volume has no engine).
@@ -180,6 +186,13 @@ impl Cluster for GrpcCluster {
     async fn engine_set_limits(&self, engine: &str, limits: ironhorn_proto::engine::IoLimits) -> Result<(), String> {
         let mut client = EngineClient::new(self.channel(engine)?);
         client.set_limits(limits).await.map_err(|e| status(engine, e))?;
+        Ok(())
+    }
+
+    async fn engine_set_rebuild_rate(&self, engine: &str, bytes_per_sec: u64) -> Result<(), String> {
+        let mut client = EngineClient::new(self.channel(engine)?);
+        let rate = ironhorn_proto::engine::RebuildRate { bytes_per_sec };
+        client.set_rebuild_rate(rate).await.map_err(|e| status(engine, e))?;
         Ok(())
     }
 

@@ -95,7 +95,7 @@ pub const DEFINITIONS: &[Definition] = &[
         default: "0",
         kind: Kind::Int,
         description: "MiB/s a rebuild (and a scrub) may copy or read, so it does not starve the volume's own I/O \
-                      (0: no limit; applies to engines started after the change)",
+                      (0: no limit; running engines take a change within a reconcile pass)",
     },
     Definition {
         name: "stale-replica-timeout",

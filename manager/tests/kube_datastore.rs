@@ -110,6 +110,10 @@ impl Cluster for NoProcesses {
     async fn engine_expand(&self, _: &str, _: u64) -> Result<(), String> {
         panic!("no engine exists")
     }
+    async fn engine_set_rebuild_rate(&self, _: &str, _: u64) -> Result<(), String> {
+        Ok(())
+    }
+
     async fn engine_set_limits(&self, _: &str, _: ironhorn_proto::engine::IoLimits) -> Result<(), String> {
         panic!("no engine exists")
     }

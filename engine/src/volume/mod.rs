@@ -154,6 +154,7 @@ pub struct VolumeStatus {
     pub bad_blocks_found: u64,
     pub bad_blocks_repaired: u64,
     pub limits: Limits,
+    pub rebuild_bytes_per_sec: u64,
 }
 
 pub struct Volume {
@@ -782,6 +783,7 @@ impl Volume {
             bad_blocks_found,
             bad_blocks_repaired,
             limits: self.limits(),
+            rebuild_bytes_per_sec: self.rebuild_bytes_per_sec.load(Ordering::SeqCst),
         }
     }
 

@@ -210,7 +210,7 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
                     replicas: address_map.values().cloned().collect(),
                     blockdev: volume.spec.frontend == Frontend::Blockdev,
                     replica_timeout_secs: timeout.clamp(1, 600) as u32,
-                    rebuild_mib_per_sec: snapshot.settings.u64("replica-rebuild-max-mib-per-sec").min(1 << 20),
+                    rebuild_mib_per_sec: rebuild_rate(snapshot.settings.u64("replica-rebuild-max-mib-per-sec")) >> 20,
                     iops_limit: volume.spec.iops_limit,
                     bandwidth_limit: volume.spec.bandwidth_limit,
                     write_majority: match volume.spec.write_quorum {
@@ -299,6 +299,11 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
         .map_err(ds)?;
 
         if let Ok(engine_status) = &status {
+            let rate = rebuild_rate(snapshot.settings.u64("replica-rebuild-max-mib-per-sec"));
+            if engine_status.rebuild_bytes_per_sec != rate {
+                self.cluster.engine_set_rebuild_rate(&instance.address, rate).await?;
+                tracing::info!(volume = %name, bytes_per_sec = rate, "rebuild rate set");
+            }
             if let Some(limits) = limits_to_set(&volume.spec, engine_status.limits.as_ref()) {
                 self.cluster.engine_set_limits(&instance.address, limits).await?;
                 tracing::info!(volume = %name, iops = limits.iops, bytes_per_sec = limits.bytes_per_sec, "I/O limits set");
@@ -380,6 +385,12 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
     }
 }
 
+/// The engine's rebuild rate in bytes/s for the setting's MiB/s (bounded,
+/// so the product cannot overflow).
+fn rebuild_rate(mib_per_sec: u64) -> u64 {
+    mib_per_sec.min(1 << 20) << 20
+}
+
 /// The limits to give a running engine whose status reports `reported`,
 /// when they differ from the volume's spec.
 fn limits_to_set(
@@ -446,6 +457,13 @@ mod tests {
         // An engine reporting no limits and a spec asking none: nothing.
         assert_eq!(limits_to_set(&VolumeSpec::default(), None), None);
         assert_eq!(limits_to_set(&VolumeSpec::default(), Some(&want)), Some(IoLimits::default()));
+    }
+
+    #[test]
+    fn the_rebuild_rate_is_the_setting_in_bytes_and_bounded() {
+        assert_eq!(rebuild_rate(0), 0);
+        assert_eq!(rebuild_rate(4), 4 << 20);
+        assert_eq!(rebuild_rate(u64::MAX), 1 << 40);
     }
 
     #[test]

@@ -129,6 +129,10 @@ impl Cluster for HealthyNodes {
         self.changed();
         Err(UNREACHABLE.into())
     }
+    async fn engine_set_rebuild_rate(&self, _: &str, _: u64) -> Result<(), String> {
+        Ok(())
+    }
+
     async fn engine_set_limits(&self, _: &str, _: ironhorn_proto::engine::IoLimits) -> Result<(), String> {
         self.changed();
         Err(UNREACHABLE.into())

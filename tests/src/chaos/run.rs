@@ -66,7 +66,7 @@ impl Outcome {
 }
 
 /// Blocks the workload writes: a 64 MiB volume, all of it.
-const BLOCKS: u64 = 64 * 256;
+pub const BLOCKS: u64 = 64 * 256;
 const VOLUME: &str = "chaos";
 
 /// Seconds to healthy past which a scenario's logs are kept (and named in
@@ -124,6 +124,7 @@ fn setup(scenario: &Scenario, index: usize, config: &RunConfig) -> Result<Ctx, S
             seed: config.seed,
             netns: Some(netns),
             io_timeout: Duration::from_secs(30),
+            fill_first: scenario.fill,
         },
         Arc::new(move || endpoint_of(&api, VOLUME)),
     );

@@ -29,6 +29,8 @@ pub struct Scenario {
     /// The engine's connections to `RELAY_NODE` go through a delay relay
     /// (`ctx.relay`) from before the volume attaches.
     pub relay: bool,
+    /// The workload writes every block once before it writes at random.
+    pub fill: bool,
     pub fault: Fault,
 }
 
@@ -38,6 +40,7 @@ pub const SCENARIOS: &[Scenario] = &[
         proves: "a replica's process killed under load: I/O goes on, the replica is reused and rebuilt",
         crash_all: false,
         relay: false,
+        fill: false,
         fault: kill_one_replica,
     },
     Scenario {
@@ -45,6 +48,7 @@ pub const SCENARIOS: &[Scenario] = &[
         proves: "two of three replicas killed at once: the last one serves alone, both come back",
         crash_all: false,
         relay: false,
+        fill: false,
         fault: kill_two_replicas,
     },
     Scenario {
@@ -52,6 +56,7 @@ pub const SCENARIOS: &[Scenario] = &[
         proves: "every replica killed one after another: the volume faults, is salvaged, and keeps every flushed write",
         crash_all: true,
         relay: false,
+        fill: false,
         fault: kill_each_replica,
     },
     Scenario {
@@ -59,6 +64,7 @@ pub const SCENARIOS: &[Scenario] = &[
         proves: "the engine killed: the manager starts a new one at a higher epoch and the client reconnects",
         crash_all: false,
         relay: false,
+        fill: false,
         fault: kill_engine,
     },
     Scenario {
@@ -66,6 +72,7 @@ pub const SCENARIOS: &[Scenario] = &[
         proves: "the engine node's instance manager killed: the serving engine is neither replaced nor re-epoched",
         crash_all: false,
         relay: false,
+        fill: false,
         fault: kill_instance_manager,
     },
     Scenario {
@@ -73,6 +80,7 @@ pub const SCENARIOS: &[Scenario] = &[
         proves: "the engine node's instance manager frozen (SIGSTOP) for a while: the engine keeps serving, unreplaced",
         crash_all: false,
         relay: false,
+        fill: false,
         fault: instance_manager_hung,
     },
     Scenario {
@@ -80,6 +88,7 @@ pub const SCENARIOS: &[Scenario] = &[
         proves: "the manager killed and restarted: the data path never notices, the new manager adopts everything",
         crash_all: false,
         relay: false,
+        fill: false,
         fault: kill_manager,
     },
     Scenario {
@@ -87,6 +96,7 @@ pub const SCENARIOS: &[Scenario] = &[
         proves: "a replica node dies whole (every process, link down) and comes back: its replica is rebuilt",
         crash_all: false,
         relay: false,
+        fill: false,
         fault: kill_node,
     },
     Scenario {
@@ -94,6 +104,7 @@ pub const SCENARIOS: &[Scenario] = &[
         proves: "engine and one replica cut apart, then healed: the replica is reused with a delta rebuild",
         crash_all: false,
         relay: false,
+        fill: false,
         fault: partition_replica,
     },
     Scenario {
@@ -101,6 +112,7 @@ pub const SCENARIOS: &[Scenario] = &[
         proves: "the engine's node cut from the manager: the volume keeps serving writes all along",
         crash_all: false,
         relay: false,
+        fill: false,
         fault: manager_cut,
     },
     Scenario {
@@ -108,6 +120,7 @@ pub const SCENARIOS: &[Scenario] = &[
         proves: "a replica's node can hear the engine but not answer: the replica is failed, then rebuilt",
         crash_all: false,
         relay: false,
+        fill: false,
         fault: one_way_partition,
     },
     Scenario {
@@ -115,6 +128,7 @@ pub const SCENARIOS: &[Scenario] = &[
         proves: "one replica's link narrowed to a queue of hundreds of ms: writes go on, nothing is lost",
         crash_all: false,
         relay: false,
+        fill: false,
         fault: slow_link,
     },
     Scenario {
@@ -122,6 +136,7 @@ pub const SCENARIOS: &[Scenario] = &[
         proves: "one replica's answers delayed 150-250 ms (jittered) on its link: writes go on, the replica stays, nothing is lost",
         crash_all: false,
         relay: true,
+        fill: false,
         fault: link_latency,
     },
     Scenario {
@@ -129,6 +144,7 @@ pub const SCENARIOS: &[Scenario] = &[
         proves: "10 % of packets dropped on one replica's node: TCP rides it or the replica is rebuilt",
         crash_all: false,
         relay: false,
+        fill: false,
         fault: packet_loss,
     },
     Scenario {
@@ -136,6 +152,7 @@ pub const SCENARIOS: &[Scenario] = &[
         proves: "a replica's link flapping every few seconds: retries back off, the volume ends healthy",
         crash_all: false,
         relay: false,
+        fill: false,
         fault: link_flap,
     },
     Scenario {
@@ -143,6 +160,7 @@ pub const SCENARIOS: &[Scenario] = &[
         proves: "one replica's disk fails writes with EIO: that replica alone is failed and rebuilt",
         crash_all: false,
         relay: false,
+        fill: false,
         fault: replica_disk_eio,
     },
     Scenario {
@@ -150,6 +168,7 @@ pub const SCENARIOS: &[Scenario] = &[
         proves: "one replica's disk answers ENOSPC: that replica alone is failed, nothing acknowledged is lost",
         crash_all: false,
         relay: false,
+        fill: false,
         fault: replica_disk_full,
     },
     Scenario {
@@ -157,6 +176,7 @@ pub const SCENARIOS: &[Scenario] = &[
         proves: "one replica's disk answers after 50-250 ms (jittered): writes go on, nothing is lost",
         crash_all: false,
         relay: false,
+        fill: false,
         fault: replica_disk_slow,
     },
     Scenario {
@@ -164,6 +184,7 @@ pub const SCENARIOS: &[Scenario] = &[
         proves: "a replica's write lands half and fails: the replica is failed and rebuilt, the half never shows",
         crash_all: false,
         relay: false,
+        fill: false,
         fault: replica_torn_write,
     },
     Scenario {
@@ -172,6 +193,7 @@ pub const SCENARIOS: &[Scenario] = &[
                  repairs each in place from a healthy replica, the replica stays RW, events say so",
         crash_all: false,
         relay: false,
+        fill: false,
         fault: bit_rot_at_rest,
     },
     Scenario {
@@ -180,6 +202,7 @@ pub const SCENARIOS: &[Scenario] = &[
                  reads and a scrub repair them in place, the replica stays RW, nothing bad is left",
         crash_all: false,
         relay: false,
+        fill: false,
         fault: bit_rot_live,
     },
     Scenario {
@@ -187,6 +210,7 @@ pub const SCENARIOS: &[Scenario] = &[
         proves: "a replica killed during its own rebuild: it is rebuilt again",
         crash_all: false,
         relay: false,
+        fill: false,
         fault: kill_rebuilding_replica,
     },
     Scenario {
@@ -194,13 +218,23 @@ pub const SCENARIOS: &[Scenario] = &[
         proves: "the rebuild's source killed mid-rebuild: the rebuild finishes from another or restarts",
         crash_all: false,
         relay: false,
+        fill: false,
         fault: kill_rebuild_source,
+    },
+    Scenario {
+        name: "rebuild-under-rewrite",
+        proves: "a new replica rebuilt slowly while the workload rewrites the full volume: no write fails for space",
+        crash_all: false,
+        relay: false,
+        fill: true,
+        fault: rebuild_under_rewrite,
     },
     Scenario {
         name: "manager-restart-during-rebuild",
         proves: "the manager killed and restarted while a replica rebuilds: the rebuild finishes",
         crash_all: false,
         relay: false,
+        fill: false,
         fault: manager_restart_during_rebuild,
     },
     Scenario {
@@ -209,6 +243,7 @@ pub const SCENARIOS: &[Scenario] = &[
                  woken: whatever it still sends is refused or repaired, nothing lands over newer data",
         crash_all: false,
         relay: false,
+        fill: false,
         fault: old_engine_fenced,
     },
     Scenario {
@@ -216,6 +251,7 @@ pub const SCENARIOS: &[Scenario] = &[
         proves: "every process of the cluster killed at once, then `up` again: every flushed write is there",
         crash_all: true,
         relay: false,
+        fill: false,
         fault: power_loss,
     },
 ];
@@ -666,6 +702,41 @@ fn kill_rebuild_source(ctx: &mut Ctx) -> Result<(), String> {
     }
     kill_replica(ctx, &source)?;
     ctx.in_flight(100).map(drop)
+}
+
+/// The volume full (the workload's fill), one replica dropped and a new
+/// one added, copied at 4 MiB/s while the workload rewrites blocks all over
+/// the volume: the rebuild's join snapshot would pin far more than the
+/// stores' spare quarter. No write may fail.
+fn rebuild_under_rewrite(ctx: &mut Ctx) -> Result<(), String> {
+    let blocks = super::run::BLOCKS;
+    ctx.until(Duration::from_secs(120), "the workload's fill of every block", |c| {
+        c.workload.counters.filled.load(Ordering::Relaxed) >= blocks
+    })?;
+    ctx.cluster.cli(&["setting", "set", "replica-rebuild-max-mib-per-sec", "4"])?;
+    let errors = ctx.workload.errors();
+    let volume = ctx.volume.clone();
+    ctx.cluster.cli(&["volume", "update", &volume, "--replicas", "2"])?;
+    ctx.until(Duration::from_secs(60), "one replica removed", |c| c.replica_modes().len() == 2)?;
+    ctx.cluster.cli(&["volume", "update", &volume, "--replicas", "3"])?;
+    ctx.until(Duration::from_secs(60), "a new replica rebuilding (WO)", |c| {
+        c.replica_modes().iter().any(|(_, m)| m == "WO")
+    })?;
+    let rewritten = ctx.workload.acked();
+    ctx.until(Duration::from_secs(180), "the rebuild done, three replicas RW", |c| {
+        let modes = c.replica_modes();
+        modes.len() == 3 && modes.iter().all(|(_, m)| m == "RW")
+    })?;
+    let during = ctx.workload.acked() - rewritten;
+    ctx.note(format!("{during} writes acknowledged during the rebuild"));
+    if during < blocks / 4 {
+        return Err(format!("only {during} writes during the rebuild: not a rewrite"));
+    }
+    let failed = ctx.workload.errors() - errors;
+    if failed > 0 {
+        return Err(format!("{failed} I/O errors during the rebuild"));
+    }
+    Ok(())
 }
 
 fn manager_restart_during_rebuild(ctx: &mut Ctx) -> Result<(), String> {

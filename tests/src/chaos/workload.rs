@@ -33,6 +33,9 @@ pub struct WorkloadConfig {
     pub netns: Option<String>,
     /// How long one request may take before the connection is given up.
     pub io_timeout: Duration,
+    /// Each thread first writes every one of its blocks once, in order
+    /// (`Counters::filled` counts them), then goes on at random.
+    pub fill_first: bool,
 }
 
 #[derive(Default, Debug)]
@@ -41,6 +44,8 @@ pub struct Counters {
     pub errors: AtomicU64,
     pub reconnects: AtomicU64,
     pub flushes: AtomicU64,
+    /// Blocks written by the fill (`WorkloadConfig::fill_first`).
+    pub filled: AtomicU64,
 }
 
 pub struct Workload {
@@ -91,6 +96,7 @@ fn writer(
     let mine = config.blocks.div_ceil(config.threads);
     let mut conn: Option<Conn> = None;
     let mut since_flush = 0;
+    let mut next_fill = if config.fill_first { 0 } else { mine };
     while !stop.load(Ordering::Relaxed) {
         let Some(c) = conn.as_mut() else {
             conn = reconnect(&endpoint, config.io_timeout, &stop);
@@ -104,8 +110,10 @@ fn writer(
             since_flush = 0;
             continue;
         };
-        let block = index + config.threads * rng.below(mine);
+        let filling = next_fill < mine;
+        let block = index + config.threads * if filling { next_fill } else { rng.below(mine) };
         if block >= config.blocks {
+            next_fill += u64::from(filling);
             continue;
         }
         let s = seq.fetch_add(1, Ordering::Relaxed);
@@ -115,6 +123,10 @@ fn writer(
         match result {
             Ok(()) => {
                 counters.acked.fetch_add(1, Ordering::Relaxed);
+                if filling {
+                    next_fill += 1;
+                    counters.filled.fetch_add(1, Ordering::Relaxed);
+                }
                 unflushed.push(block);
                 since_flush += 1;
             }
