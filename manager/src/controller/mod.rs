@@ -11,6 +11,7 @@
 //! process is created), so two engines of a volume never share an epoch.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -164,6 +165,29 @@ pub struct Controller<D: Datastore, C: Cluster> {
     gate: crate::leader::Gate,
 }
 
+/// Reconcile passes this process has made and the time they took, for the
+/// metrics page (`ironhorn_manager_reconcile_*`). Process-wide: a manager
+/// process runs one controller.
+pub static PASSES: PassCounter = PassCounter { passes: AtomicU64::new(0), micros: AtomicU64::new(0) };
+
+pub struct PassCounter {
+    passes: AtomicU64,
+    micros: AtomicU64,
+}
+
+impl PassCounter {
+    fn record(&self, took: Duration) {
+        self.micros.fetch_add(took.as_micros() as u64, std::sync::atomic::Ordering::Relaxed);
+        self.passes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// (passes, seconds they took) so far.
+    pub fn read(&self) -> (u64, f64) {
+        let passes = self.passes.load(std::sync::atomic::Ordering::Relaxed);
+        (passes, self.micros.load(std::sync::atomic::Ordering::Relaxed) as f64 / 1e6)
+    }
+}
+
 /// How long an engine may disagree with the replica set it was given before
 /// the missing replicas are taken as failed (a `replica add` that failed
 /// before the replica ever showed up).
@@ -267,6 +291,13 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
     }
 
     pub async fn reconcile_all(&self) -> Outcome {
+        let started = std::time::Instant::now();
+        let outcome = self.reconcile_pass().await;
+        PASSES.record(started.elapsed());
+        outcome
+    }
+
+    async fn reconcile_pass(&self) -> Outcome {
         let snapshot = self.snapshot().await?;
         for node in &snapshot.nodes {
             if !self.gate.is_leader() {

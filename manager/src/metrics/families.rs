@@ -61,6 +61,8 @@ pub struct Scrape {
     /// Instance manager → its processes' CPU time change (ms) over the
     /// last interval, and their resident memory now.
     pub im_usage: BTreeMap<String, (Option<Delta>, u64)>,
+    /// Reconcile passes of this manager process and the seconds they took.
+    pub passes: (u64, f64),
     pub now: jiff::Timestamp,
 }
 
@@ -167,7 +169,25 @@ pub fn families(s: &Scrape) -> Vec<Family> {
     node_families(s, &mut out);
     instance_manager_families(s, &mut out);
     engine_families(s, &mut out);
+    manager_families(s, &mut out);
     out
+}
+
+fn manager_families(s: &Scrape, out: &mut Vec<Family>) {
+    use Kind::*;
+    let (passes, seconds) = s.passes;
+    out.push(family(
+        "manager_reconcile_passes",
+        Counter,
+        "Reconcile passes this manager made (over every node and volume).",
+        vec![(vec![], int(passes))],
+    ));
+    out.push(family(
+        "manager_reconcile_seconds",
+        Counter,
+        "Seconds this manager's reconcile passes took.",
+        vec![(vec![], Value::Float(seconds))],
+    ));
 }
 
 fn volume_families(s: &Scrape, out: &mut Vec<Family>) {

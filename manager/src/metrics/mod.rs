@@ -145,6 +145,7 @@ pub async fn gather<D: Datastore>(store: &D, sampler: &Sampler) -> Result<Scrape
         io,
         replica_used,
         im_usage,
+        passes: crate::controller::PASSES.read(),
         now: jiff::Timestamp::now(),
     })
 }

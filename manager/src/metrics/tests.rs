@@ -120,6 +120,7 @@ fn scrape() -> Scrape {
             "im-n-1".to_string(),
             (Some(Delta { seconds: 2.0, counters: vec![500] }), 64 << 20),
         )]),
+        passes: (42, 1.5),
         now: "2026-12-05T10:00:10Z".parse().unwrap(),
     }
 }
@@ -144,6 +145,8 @@ fn longhorns_names_and_labels_read_back_through_a_prometheus_parser() {
     assert_eq!(actual("n-2"), (100u64 << 20) as f64);
 
     assert_eq!(value(&p, "ironhorn_node_count_total", &[]), 1.0);
+    assert_eq!(value(&p, "ironhorn_manager_reconcile_passes_total", &[]), 42.0);
+    assert_eq!(value(&p, "ironhorn_manager_reconcile_seconds_total", &[]), 1.5);
     let ready = [("node", "n-1"), ("condition", "ready"), ("condition_reason", "Heartbeat")];
     assert_eq!(value(&p, "ironhorn_node_status", &ready), 1.0);
     assert_eq!(value(&p, "ironhorn_node_storage_capacity_bytes", &[("node", "n-1")]), (10u64 << 30) as f64);

@@ -491,17 +491,30 @@ fn packet_loss(ctx: &mut Ctx) -> Result<(), String> {
 
 fn link_flap(ctx: &mut Ctx) -> Result<(), String> {
     let (_, ns) = replica_node(ctx)?;
+    let count = |c: &Ctx, reason: &str| c.events().iter().filter(|e| e["reason"] == reason).count();
+    let (failed, rebuilt) = (count(ctx, "ReplicaFailed"), count(ctx, "RebuildStarted"));
     // As many flaps as the seeded pauses fit in twice the hold: the count
     // comes from the seed, not the clock, so a seed replays it exactly.
     let mut budget = ctx.duration.as_millis() as u64 * 2;
+    let mut flaps = 0;
     while budget > 0 {
         faults::link(&ns, false)?;
         let down = ctx.pause_between(500, 1500);
         faults::link(&ns, true)?;
         let up = ctx.pause_between(1500, 3000);
         budget = budget.saturating_sub(down + up);
+        flaps += 1;
     }
-    faults::heal(&ns)
+    faults::heal(&ns)?;
+    // Outages shorter than the engine's replica timeout are ridden out:
+    // at most one failure and one rebuild for the whole flapping, not one
+    // per flap.
+    let (failed, rebuilt) = (count(ctx, "ReplicaFailed") - failed, count(ctx, "RebuildStarted") - rebuilt);
+    ctx.note(format!("{flaps} flaps: {failed} replica failure(s), {rebuilt} rebuild(s)"));
+    if failed > 1 || rebuilt > 1 {
+        return Err(format!("a failure storm: {failed} failures and {rebuilt} rebuilds over {flaps} flaps"));
+    }
+    Ok(())
 }
 
 fn disk_fault(ctx: &mut Ctx, action: FaultAction, times: u64, delay_ms: u64) -> Result<Replica, String> {
