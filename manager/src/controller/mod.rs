@@ -15,6 +15,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures_util::future::join_all;
 use ironhorn_proto::instance::{self as pb, InstanceState};
 use ironhorn_replica::store::default_store_bytes;
 use kube::ResourceExt;
@@ -33,6 +34,7 @@ mod expand;
 mod heal;
 mod nodes;
 mod placement;
+mod polls;
 mod replicas;
 mod restore;
 mod scrub;
@@ -163,6 +165,8 @@ pub struct Controller<D: Datastore, C: Cluster> {
     restoring: Arc<Mutex<HashSet<String>>>,
     /// Whether this manager leads (only the leader reconciles).
     gate: crate::leader::Gate,
+    /// How long each node's instance manager is waited for (see `polls`).
+    polls: Arc<polls::Polls>,
 }
 
 /// Reconcile passes this process has made and the time they took, for the
@@ -207,6 +211,7 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
             view_stale_since: Arc::default(),
             restoring: Arc::default(),
             gate: crate::leader::Gate::always(),
+            polls: Arc::default(),
         }
     }
 
@@ -263,19 +268,33 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
                 (n.name_any(), registration::heartbeat(lease, now, timeout))
             })
             .collect();
-        let mut instances = HashMap::new();
-        let mut disks = HashMap::new();
-        for node in &nodes {
-            let im = &node.spec.instance_manager_address;
-            let list = self.cluster.instances(im).await;
+        // Every node at once, each bounded by its own timeout: a pass waits
+        // for the slowest node, and a node that stopped answering only briefly.
+        let polled = join_all(nodes.iter().map(|node| async move {
+            let (name, im) = (node.name_any(), &node.spec.instance_manager_address);
+            let started = std::time::Instant::now();
+            let timeout = self.polls.timeout(&name, started);
+            let list = match tokio::time::timeout(timeout, self.cluster.instances(im)).await {
+                Ok(list) => list,
+                Err(_) => Err(format!("instance manager {im}: no answer within {timeout:?}")),
+            };
+            self.polls.record(&name, timeout, list.is_ok(), std::time::Instant::now());
+            let mut disks = Vec::new();
             for (disk_name, disk) in &node.spec.disks {
                 let status = match &list {
                     Ok(_) => self.cluster.disk_status(im, &disk.path).await,
                     Err(e) => Err(e.clone()),
                 };
-                disks.insert((node.name_any(), disk_name.clone()), status);
+                disks.push(((name.clone(), disk_name.clone()), status));
             }
-            instances.insert(node.name_any(), list);
+            (name, list, disks)
+        }))
+        .await;
+        let mut instances = HashMap::new();
+        let mut disks = HashMap::new();
+        for (name, list, node_disks) in polled {
+            disks.extend(node_disks);
+            instances.insert(name, list);
         }
         Ok(Snapshot {
             nodes,
