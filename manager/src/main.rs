@@ -35,10 +35,13 @@ enum Command {
         data_dir: std::path::PathBuf,
         #[arg(long, default_value_t = 3)]
         nodes: usize,
-        /// API port; node I's instance manager listens on BASE+I and hands
-        /// out ports BASE+100·I … BASE+100·I+99.
+        /// API port; node I's instance manager listens on BASE+I.
         #[arg(long, default_value_t = 9700)]
         port_base: u16,
+        /// Ports each node hands out, one per engine or replica it runs
+        /// (node I's are BASE+N·I … BASE+N·I+N-1).
+        #[arg(long, default_value_t = 100)]
+        ports_per_node: u16,
         /// Size of each node's disk.
         #[arg(long, default_value = "8GiB", value_parser = ironhorn_proto::units::parse_size)]
         disk_size: u64,
@@ -344,13 +347,24 @@ async fn drive(cli: Cli) -> Result<(), String> {
     let json_out = cli.output == Output::Json;
     let print_json = |v: &Value| ironhorn_proto::say!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
     match cli.command {
-        Command::Up { data_dir, nodes, port_base, disk_size, file_disks, netns, fault_injection, no_supervise } => {
+        Command::Up {
+            data_dir,
+            nodes,
+            port_base,
+            ports_per_node,
+            disk_size,
+            file_disks,
+            netns,
+            fault_injection,
+            no_supervise,
+        } => {
             let bin_dir =
                 std::env::current_exe().ok().and_then(|p| p.parent().map(|d| d.to_path_buf())).unwrap_or_default();
             standalone::up(standalone::UpConfig {
                 data_dir,
                 nodes,
                 port_base,
+                ports_per_node,
                 disk_size,
                 file_disks,
                 netns,

@@ -11,8 +11,10 @@
 //!   nodes/n-I/im/              the instance manager's table and logs
 //!   nodes/n-I/im.pid           pid of the instance manager `up` started
 //!
-//! Ports (from --port-base B): API B, node I's instance manager B+I, and its
-//! instances B+100·I … B+100·I+99.
+//! Ports (from --port-base B and --ports-per-node P, 100 by default): API B,
+//! node I's instance manager B+I, and its instances B+P·I … B+P·I+P-1 (each
+//! replica and engine takes one: a node holding many volumes needs a larger
+//! P).
 //!
 //! Stopping (Ctrl-C / SIGTERM): the controllers stop, every engine and then
 //! every replica is stopped through its instance manager (data kept), the
@@ -49,6 +51,8 @@ pub struct UpConfig {
     pub data_dir: PathBuf,
     pub nodes: usize,
     pub port_base: u16,
+    /// Ports each node hands out to its engines and replicas.
+    pub ports_per_node: u16,
     pub disk_size: u64,
     /// Force file disks even where LVM would work.
     pub file_disks: bool,
@@ -59,6 +63,23 @@ pub struct UpConfig {
     /// Start a node's instance manager again when it dies.
     pub supervise: bool,
     pub bin_dir: PathBuf,
+}
+
+/// Node `index`'s ports (1-based): its instance manager's, and the first
+/// and last it hands out.
+pub fn node_ports(base: u16, per_node: u16, nodes: usize, index: usize) -> Result<(usize, usize, usize), String> {
+    if (per_node as usize) <= nodes {
+        return Err(format!(
+            "--ports-per-node {per_node} must be more than the number of nodes ({nodes}): \
+             the instance managers listen on the ports after --port-base"
+        ));
+    }
+    let first = base as usize + per_node as usize * index;
+    let last = first + per_node as usize - 1;
+    if last > u16::MAX as usize {
+        return Err(format!("--port-base {base} with --ports-per-node {per_node} leaves no ports for node {index}"));
+    }
+    Ok((base as usize + index, first, last))
 }
 
 struct NodeProcess {
@@ -273,18 +294,14 @@ async fn start_node(
         std::fs::create_dir_all(&disk).map_err(|e| format!("{}: {e}", disk.display()))?;
         (format!("file:{}", disk.display()), None)
     };
-    let im_port = config.port_base as usize + index;
-    let first = config.port_base as usize + 100 * index;
-    if first + 99 > u16::MAX as usize {
-        return Err(format!("--port-base {} leaves no ports for node {index}", config.port_base));
-    }
+    let (im_port, first, last) = node_ports(config.port_base, config.ports_per_node, config.nodes, index)?;
     let ip = net.map_or(std::net::Ipv4Addr::LOCALHOST, |n| n.ip);
     let im = ImCommand {
         node: name.clone(),
         dir,
         address: format!("{ip}:{im_port}"),
         ip,
-        ports: (first, first + 99),
+        ports: (first, last),
         fault_injection: config.fault_injection,
         binary: config.bin_dir.join("ironhorn-instance-manager"),
         netns: net.map(|n| n.netns.clone()),
@@ -492,4 +509,18 @@ pub fn purge(data_dir: &Path) -> Result<(), String> {
         simnet::remove(&net).map_err(|e| e.to_string())?;
     }
     std::fs::remove_dir_all(&data_dir).map_err(|e| format!("{}: {e}", data_dir.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::node_ports;
+
+    #[test]
+    fn each_node_gets_its_own_range_after_the_instance_manager_ports() {
+        assert_eq!(node_ports(9700, 100, 3, 1), Ok((9701, 9800, 9899)));
+        assert_eq!(node_ports(9700, 100, 3, 3), Ok((9703, 10000, 10099)));
+        assert_eq!(node_ports(17000, 200, 3, 2), Ok((17002, 17400, 17599)));
+        assert!(node_ports(9700, 3, 3, 1).unwrap_err().contains("more than the number of nodes"));
+        assert!(node_ports(65000, 300, 3, 3).unwrap_err().contains("leaves no ports"));
+    }
 }

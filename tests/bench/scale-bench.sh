@@ -10,7 +10,7 @@
 # time against an attach with every node answering.
 #
 #   tests/bench/scale-bench.sh     (env: VOLUMES=100 ATTACH=20 SIZE=16M
-#                                   IDLE=30 PORT=17000 DIR=/var/tmp)
+#                                   IDLE=30 PORT=10000 DIR=/var/tmp)
 # As root (LVM on loop devices). Everything it made is removed on exit:
 # `up` is stopped by its pid and `ironhorn purge` removes its VGs and
 # loop devices.
@@ -19,7 +19,7 @@ VOLUMES=${VOLUMES:-100}
 ATTACH=${ATTACH:-20}
 SIZE=${SIZE:-16M}
 IDLE=${IDLE:-30}
-PORT=${PORT:-17000}
+PORT=${PORT:-10000}
 DIR=${DIR:-/var/tmp}/ironhorn-scale-bench-$$
 BENCH=scale-bench TOOLS="jq curl"
 source "$(dirname "$0")/common.sh"
@@ -77,7 +77,10 @@ wait_for() { # seconds what command...
 
 # Room for every replica's store on each node, with slack.
 disk=$(( ( $(numfmt --from=iec "$STORE_SIZE") * VOLUMES * 11 / 10 >> 30 ) + 2 ))GiB
-"$BIN/ironhorn" up --data-dir "$DIR/data" --nodes 3 --port-base "$PORT" --disk-size "$disk" \
+# One port per replica and engine on a node: every volume has a replica on
+# each of the three nodes.
+"$BIN/ironhorn" up --data-dir "$DIR/data" --nodes 3 --port-base "$PORT" --ports-per-node $((VOLUMES + 100)) \
+    --disk-size "$disk" \
     >"$DIR/up.log" 2>&1 &
 UP=$!
 nodes_ready() {
@@ -91,8 +94,11 @@ for i in $(seq 1 "$VOLUMES"); do
   cli volume create "v$i" --size "${SIZE}iB" --replicas 3 >/dev/null
 done
 created=$(since "$t0")
+# All attaches asked at once (each CLI waits for its volume).
+attaches=()
 for i in $(seq 1 "$ATTACH"); do
-  cli volume attach "v$i" --node "n-$(( (i - 1) % 3 + 1 ))" >/dev/null
+  cli volume attach "v$i" --node "n-$(( (i - 1) % 3 + 1 ))" --timeout-secs 1800 >/dev/null 2>"$DIR/attach-$i.log" &
+  attaches+=($!)
 done
 replicas_running() {
   [ "$(cli replica list -o json | jq '[.[] | select(.status.currentState == "running")] | length')" = $((3 * VOLUMES)) ]
@@ -100,9 +106,10 @@ replicas_running() {
 attached_healthy() {
   [ "$(cli volume list -o json | jq '[.[] | select(.status.state == "attached" and .status.robustness == "healthy")] | length')" = "$ATTACH" ]
 }
-wait_for 900 "every replica running" replicas_running
+wait_for 1800 "every replica running" replicas_running
 all_running=$(since "$t0")
-wait_for 900 "every attached volume healthy" attached_healthy
+for a in "${attaches[@]}"; do wait "$a" || { echo "$BENCH: an attach failed (see $DIR/attach-*.log)" >&2; exit 1; }; done
+wait_for 1800 "every attached volume healthy" attached_healthy
 all_healthy=$(since "$t0")
 
 echo "idle for ${IDLE}s..." >&2
@@ -139,7 +146,7 @@ up_rss=$(awk -v k="$(rss_kib "$UP")" 'BEGIN { printf "%.1f", k / 1024 }')
 # node answering.
 attach_time() { # volume node
   local t; t=$(now)
-  cli volume attach "$1" --node "$2" >/dev/null
+  cli volume attach "$1" --node "$2" >/dev/null 2>&1
   one_attached() { [ "$(cli volume get "$1" -o json | jq -r '.status.state')" = attached ]; }
   wait_for 300 "$1 attached" one_attached "$1"
   since "$t"
