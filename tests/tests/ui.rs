@@ -117,6 +117,29 @@ async fn click(c: &Client, css: &str) {
     }
 }
 
+/// Types `text` into the input `css` on a page that re-renders itself: the
+/// input is clicked first (a focused tags form is left alone by the live
+/// refresh), and the whole step is tried again when a refresh replaced the
+/// element between finding it and typing.
+async fn type_into(c: &Client, css: &str, text: &str) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let typed = async {
+            let input = c.find(Locator::Css(css)).await?;
+            input.click().await?;
+            input.clear().await?;
+            input.send_keys(text).await?;
+            input.prop("value").await
+        }
+        .await;
+        match typed {
+            Ok(Some(value)) if value == text => return,
+            other => assert!(Instant::now() < deadline, "could not type {text:?} into {css}: {other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 async fn fill_create(c: &Client, name: &str, size: &str) {
     for (field, value) in [("name", name), ("size", size)] {
         let input = c.find(Locator::Css(&format!("#create input[name={field}]"))).await.unwrap();
@@ -437,17 +460,13 @@ fn the_ui_creates_attaches_shows_a_rebuild_live_and_deletes() {
         })
         .await;
         assert_eq!(node()["spec"]["allowScheduling"], true);
-        let tags = c.find(Locator::Css("form[data-node-tags=n-3] input[name=tags]")).await.unwrap();
-        tags.clear().await.unwrap();
-        tags.send_keys("ssd, fast").await.unwrap();
+        type_into(&c, "form[data-node-tags=n-3] input[name=tags]", "ssd, fast").await;
         click(&c, "form[data-node-tags=n-3] button").await;
         cluster.wait(Duration::from_secs(10), "n-3 tagged", || {
             node()["spec"]["tags"] == serde_json::json!(["ssd", "fast"])
         });
         // A bad tag gets the API's error beside the field.
-        let tags = c.find(Locator::Css("form[data-node-tags=n-3] input[name=tags]")).await.unwrap();
-        tags.clear().await.unwrap();
-        tags.send_keys("no spaces please").await.unwrap();
+        type_into(&c, "form[data-node-tags=n-3] input[name=tags]", "no spaces please").await;
         click(&c, "form[data-node-tags=n-3] button").await;
         wait_text(&c, "form[data-node-tags=n-3] .field-error", "tag error", Duration::from_secs(10), |t| {
             t.contains("tag")
