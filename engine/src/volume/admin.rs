@@ -63,11 +63,31 @@ impl Volume {
     pub async fn snapshot_create(&self, name: &str) -> Result<()> {
         let _pause = self.pause.write().await;
         self.check_fenced()?;
+        self.create_snapshot_on_all("snapshot create", name).await
+    }
+
+    /// Snapshot `name` on every writable replica (the caller holds what
+    /// the snapshot needs: the pause for a point in the write stream).
+    pub(super) async fn create_snapshot_on_all(&self, what: &str, name: &str) -> Result<()> {
         let epoch = self.epoch;
-        self.on_all("snapshot create", |r| {
+        self.on_all(what, |r| {
             let name = name.to_string();
             async move {
                 unary(r.conn.timeout(), r.conn.client().snapshot_create(SnapshotCreateRequest { name, epoch })).await
+            }
+        })
+        .await
+        .map(drop)
+    }
+
+    /// Deletes snapshot `name` on every writable replica (merged into its
+    /// child: no view changes).
+    pub(super) async fn delete_snapshot_on_all(&self, what: &str, name: &str) -> Result<()> {
+        let epoch = self.epoch;
+        self.on_all(what, |r| {
+            let name = name.to_string();
+            async move {
+                unary(r.conn.timeout(), r.conn.client().snapshot_delete(SnapshotDeleteRequest { name, epoch })).await
             }
         })
         .await
@@ -86,15 +106,7 @@ impl Volume {
     pub async fn snapshot_delete(&self, name: &str) -> Result<()> {
         let _one = self.rebuild_lock.lock().await;
         self.check_fenced()?;
-        let epoch = self.epoch;
-        self.on_all("snapshot delete", |r| {
-            let name = name.to_string();
-            async move {
-                unary(r.conn.timeout(), r.conn.client().snapshot_delete(SnapshotDeleteRequest { name, epoch })).await
-            }
-        })
-        .await
-        .map(drop)
+        self.delete_snapshot_on_all("snapshot delete", name).await
     }
 
     pub async fn snapshot_revert(&self, name: &str) -> Result<()> {

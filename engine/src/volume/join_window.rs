@@ -88,10 +88,11 @@ impl JoinWindow {
     /// budget. Called before the write takes the pause lock.
     pub(super) async fn admit(&self, bytes: u64) {
         loop {
-            let moved = self.moved.notified();
-            tokio::pin!(moved);
-            moved.as_mut().enable();
             let budget = self.budget.load(Ordering::SeqCst);
+            if budget == 0 {
+                // No rebuild copying: the write path pays one atomic load.
+                return;
+            }
             let written = self.written.load(Ordering::SeqCst);
             if admits(written, bytes, budget) {
                 // Counted only if nobody counted in between, so writes
@@ -105,6 +106,14 @@ impl JoinWindow {
                     self.wanted.notify_one();
                 }
                 return;
+            }
+            // Registered before looking again, so a move or a close between
+            // the look above and the wait below is not missed.
+            let moved = self.moved.notified();
+            tokio::pin!(moved);
+            moved.as_mut().enable();
+            if self.budget.load(Ordering::SeqCst) == 0 || self.written.load(Ordering::SeqCst) != written {
+                continue;
             }
             self.wanted.notify_one();
             moved.await;

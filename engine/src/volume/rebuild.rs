@@ -56,17 +56,8 @@ impl Volume {
         let dirty = {
             let _pause = self.pause.write().await;
             let epoch = self.epoch;
-            let joined = self
-                .on_all("rebuild snapshot", |r| {
-                    let name = snapshot.clone();
-                    async move {
-                        unary(r.conn.timeout(), r.conn.client().snapshot_create(SnapshotCreateRequest { name, epoch }))
-                            .await
-                    }
-                })
-                .await;
-            let joined = match joined {
-                Ok(_) => unary(
+            let joined = match self.create_snapshot_on_all("rebuild snapshot", &snapshot).await {
+                Ok(()) => unary(
                     self.timeout,
                     target.conn.client().snapshot_create(SnapshotCreateRequest { name: snapshot.clone(), epoch }),
                 )
@@ -351,25 +342,10 @@ impl Volume {
                 self.join_window.close();
                 return Ok(None);
             }
-            let epoch = self.epoch;
-            self.on_all("rebuild snapshot", |r| {
-                let name = new.clone();
-                async move {
-                    unary(r.conn.timeout(), r.conn.client().snapshot_create(SnapshotCreateRequest { name, epoch }))
-                        .await
-                }
-            })
-            .await?;
+            self.create_snapshot_on_all("rebuild snapshot", &new).await?;
             self.join_window.reset();
         }
-        let epoch = self.epoch;
-        self.on_all("merge of the old rebuild snapshot", |r| {
-            let name = old.to_string();
-            async move {
-                unary(r.conn.timeout(), r.conn.client().snapshot_delete(SnapshotDeleteRequest { name, epoch })).await
-            }
-        })
-        .await?;
+        self.delete_snapshot_on_all("merge of the old rebuild snapshot", old).await?;
         if target.mode() != Mode::WO {
             return Err(VolumeError::Io(format!("replica {} failed while the join point moved", target.address)));
         }
@@ -485,7 +461,7 @@ impl Volume {
     /// rebuild: the chunk is then read block by block, each bad block from
     /// another RW replica's view of the same layer (every RW replica's
     /// layers read the same; the rebuild verifies the target's), and the
-    /// ranges that read bad are queued for repair in place. Only a block no
+    /// source's range is queued for repair in place. Only a block no
     /// replica holds good fails the copy.
     async fn read_chunk_for_copy(
         &self,
@@ -495,12 +471,12 @@ impl Volume {
         offset: u64,
         length: u64,
     ) -> Result<Bytes> {
-        let read = |r: &Replica, offset: u64, length: u64| {
+        let read = |offset: u64, length: u64| {
             let request = ReadLayerRequest { layer: layer.to_string(), offset, length, merged: true };
-            let mut client = r.conn.client();
+            let mut client = source.conn.client();
             async move { unary(self.timeout, client.read_layer(request)).await.map(|r| r.data) }
         };
-        match read(source, offset, length).await {
+        match read(offset, length).await {
             Ok(data) => return Ok(data),
             Err(ReplicaError::Corrupt(m)) => {
                 tracing::error!(replica = %source.address, layer, offset, length, "rebuild source read a bad block: {m}");
@@ -512,35 +488,21 @@ impl Volume {
             .into_iter()
             .filter(|r| r.store_id != source.store_id && r.store_id != target.store_id)
             .collect();
-        let copies: Vec<&Replica> = std::iter::once(source).chain(others.iter().map(|r| r.as_ref())).collect();
         let mut chunk = bytes::BytesMut::with_capacity(length as usize);
-        let mut read_bad = vec![false; copies.len()];
         for at in (offset..offset + length).step_by(BLOCK as usize) {
-            let mut good = None;
-            for (i, copy) in copies.iter().enumerate() {
-                match read(copy, at, BLOCK).await {
-                    Ok(data) if data.len() as u64 == BLOCK => {
-                        good = Some(data);
-                        break;
-                    }
-                    Ok(data) => tracing::warn!(replica = %copy.address, bytes = data.len(), "short layer read"),
-                    Err(ReplicaError::Corrupt(_)) => read_bad[i] = true,
-                    Err(e) => tracing::warn!(replica = %copy.address, error = %e, "layer read failed"),
-                }
-            }
-            let Some(data) = good else {
-                return Err(VolumeError::Io(format!(
-                    "replica {}: the block at {at} of layer {layer} reads bad and no other replica holds it good",
-                    source.address
-                )));
+            let data = match read(at, BLOCK).await {
+                Ok(data) => data,
+                Err(ReplicaError::Corrupt(_)) => self.good_copy(&others, layer, at).await.ok_or_else(|| {
+                    VolumeError::Io(format!(
+                        "replica {}: the block at {at} of layer {layer} reads bad and no other replica holds it good",
+                        source.address
+                    ))
+                })?,
+                Err(e) => return Err(replica_error(&source.address, e)),
             };
             chunk.extend_from_slice(&data);
         }
-        // The bad blocks found on the way (the source's, and any another
-        // replica showed) are rewritten from a good copy by the repair worker.
-        for (copy, _) in copies.iter().zip(&read_bad).filter(|(_, bad)| **bad) {
-            self.queue_repair(copy, offset, length);
-        }
+        self.queue_repair(source, offset, length);
         Ok(chunk.freeze())
     }
 

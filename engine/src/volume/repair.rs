@@ -110,7 +110,7 @@ impl Volume {
             let sources: Vec<_> =
                 self.replicas_in(&[Mode::RW]).into_iter().filter(|r| r.store_id != target.store_id).collect();
             for block in &bad {
-                let Some(data) = self.good_copy(&sources, block).await else {
+                let Some(data) = self.good_copy(&sources, &block.layer, block.offset).await else {
                     tracing::error!(replica = %target.address, layer = %block.layer, offset = block.offset,
                         "bad block has no good copy on another replica");
                     continue;
@@ -168,15 +168,19 @@ impl Volume {
         Ok(now)
     }
 
-    /// The block as the layer's view reads on the first source that has it
-    /// good.
-    async fn good_copy(&self, sources: &[Arc<Replica>], block: &BadBlock) -> Option<Bytes> {
+    /// The block at `offset` as `layer`'s view reads on the first source
+    /// that has it good. A source that reads it bad too is queued for its
+    /// own repair.
+    pub(super) async fn good_copy(&self, sources: &[Arc<Replica>], layer: &str, offset: u64) -> Option<Bytes> {
         for source in sources {
-            let read =
-                ReadLayerRequest { layer: block.layer.clone(), offset: block.offset, length: BLOCK, merged: true };
+            let read = ReadLayerRequest { layer: layer.to_string(), offset, length: BLOCK, merged: true };
             match unary(self.timeout, source.conn.client().read_layer(read)).await {
                 Ok(r) if r.data.len() as u64 == BLOCK => return Some(r.data),
-                Ok(r) => tracing::warn!(source = %source.address, bytes = r.data.len(), "short read for a repair"),
+                Ok(r) => tracing::warn!(source = %source.address, bytes = r.data.len(), "short read of a block"),
+                Err(ReplicaError::Corrupt(m)) => {
+                    tracing::warn!(source = %source.address, layer, offset, "this copy is bad too: {m}");
+                    self.queue_repair(source, offset, BLOCK);
+                }
                 Err(e) => tracing::warn!(source = %source.address, error = %e, "no good copy here"),
             }
         }

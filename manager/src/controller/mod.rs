@@ -11,7 +11,7 @@
 //! process is created), so two engines of a volume never share an epoch.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -181,14 +181,14 @@ pub struct PassCounter {
 
 impl PassCounter {
     fn record(&self, took: Duration) {
-        self.micros.fetch_add(took.as_micros() as u64, std::sync::atomic::Ordering::Relaxed);
-        self.passes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.micros.fetch_add(took.as_micros() as u64, Ordering::Relaxed);
+        self.passes.fetch_add(1, Ordering::Relaxed);
     }
 
     /// (passes, seconds they took) so far.
     pub fn read(&self) -> (u64, f64) {
-        let passes = self.passes.load(std::sync::atomic::Ordering::Relaxed);
-        (passes, self.micros.load(std::sync::atomic::Ordering::Relaxed) as f64 / 1e6)
+        let passes = self.passes.load(Ordering::Relaxed);
+        (passes, self.micros.load(Ordering::Relaxed) as f64 / 1e6)
     }
 }
 
