@@ -10,63 +10,43 @@
 //! is a symlink to the loop device. On drop the link, the loop device and
 //! the mount are removed, by their exact names.
 
-use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
 
-use fuser::{
-    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, KernelConfig, LockOwner,
-    MountOption, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyWrite,
-    Request, WriteFlags,
-};
-
+use crate::fuse::{self, Channel, Op, Request, abi};
 use crate::volume::{BLOCK, MAX_IO_BYTES, Volume, VolumeError};
 
-const ROOT: INodeNo = INodeNo(1);
-const FILE: INodeNo = INodeNo(2);
+const ROOT: u64 = 1;
+const FILE: u64 = 2;
 const FILE_NAME: &str = "volume";
-const TTL: Duration = Duration::from_secs(1);
+/// Seconds the kernel may cache the file's attributes (a resize
+/// invalidates them at once).
+const TTL_SECS: u64 = 1;
 
+/// The one-file filesystem: its file is the volume.
 struct VolumeFs {
     volume: Arc<Volume>,
-    runtime: tokio::runtime::Handle,
     /// Serialises read-modify-write of partial blocks (rare: the loop device
     /// sends whole 4 KiB sectors).
     partial: Arc<tokio::sync::Mutex<()>>,
 }
 
-fn attr(ino: INodeNo, size: u64) -> FileAttr {
-    let now = SystemTime::now();
-    let (kind, perm, nlink) =
-        if ino == ROOT { (FileType::Directory, 0o755, 2) } else { (FileType::RegularFile, 0o600, 1) };
-    FileAttr {
-        ino,
-        size,
-        blocks: size / 512,
-        atime: now,
-        mtime: now,
-        ctime: now,
-        crtime: now,
-        kind,
-        perm,
-        nlink,
-        uid: 0,
-        gid: 0,
-        rdev: 0,
-        blksize: BLOCK as u32,
-        flags: 0,
+fn attr(ino: u64, size: u64) -> abi::Attr {
+    if ino == ROOT {
+        abi::Attr { ino, size: 0, mode: abi::S_IFDIR | 0o755, nlink: 2, blksize: BLOCK as u32 }
+    } else {
+        abi::Attr { ino, size, mode: abi::S_IFREG | 0o600, nlink: 1, blksize: BLOCK as u32 }
     }
 }
 
-fn errno(e: &VolumeError) -> Errno {
+fn errno(e: &VolumeError) -> i32 {
     match e {
-        VolumeError::Invalid(_) | VolumeError::NotFound(_) => Errno::EINVAL,
-        VolumeError::Fenced(_) => Errno::EROFS,
-        VolumeError::NoSpace(_) => Errno::ENOSPC,
-        VolumeError::TooLarge(_) => Errno::EOVERFLOW,
-        VolumeError::Io(_) | VolumeError::Busy(_) | VolumeError::NoQuorum(_) => Errno::EIO,
+        VolumeError::Invalid(_) | VolumeError::NotFound(_) => libc::EINVAL,
+        VolumeError::Fenced(_) => libc::EROFS,
+        VolumeError::NoSpace(_) => libc::ENOSPC,
+        VolumeError::TooLarge(_) => libc::EOVERFLOW,
+        VolumeError::Io(_) | VolumeError::Busy(_) | VolumeError::NoQuorum(_) => libc::EIO,
     }
 }
 
@@ -77,8 +57,11 @@ fn aligned(offset: u64, len: u64) -> (u64, u64) {
     (start, end - start)
 }
 
-async fn read_range(volume: &Volume, offset: u64, len: u64) -> Result<Vec<u8>, VolumeError> {
+async fn read_range(volume: &Volume, offset: u64, len: u64) -> Result<bytes::Bytes, VolumeError> {
     let (start, span) = aligned(offset, len);
+    if start == offset && span == len && len <= MAX_IO_BYTES {
+        return volume.read(offset, len).await;
+    }
     let mut out = Vec::with_capacity(span as usize);
     let mut at = start;
     while at < start + span {
@@ -87,24 +70,24 @@ async fn read_range(volume: &Volume, offset: u64, len: u64) -> Result<Vec<u8>, V
         at += n;
     }
     let skip = (offset - start) as usize;
-    Ok(out[skip..skip + len as usize].to_vec())
+    Ok(bytes::Bytes::from(out).slice(skip..skip + len as usize))
 }
 
 async fn write_range(
     volume: &Volume,
     partial: &tokio::sync::Mutex<()>,
     offset: u64,
-    data: &[u8],
+    data: bytes::Bytes,
 ) -> Result<(), VolumeError> {
     let len = data.len() as u64;
     if offset % BLOCK == 0 && len % BLOCK == 0 && len <= MAX_IO_BYTES {
-        return volume.write(offset, bytes::Bytes::copy_from_slice(data), false).await;
+        return volume.write(offset, data, false).await;
     }
     let _one = partial.lock().await;
     let (start, span) = aligned(offset, len);
-    let mut merged = read_range(volume, start, span).await?;
+    let mut merged = read_range(volume, start, span).await?.to_vec();
     let skip = (offset - start) as usize;
-    merged[skip..skip + data.len()].copy_from_slice(data);
+    merged[skip..skip + data.len()].copy_from_slice(&data);
     let mut at = 0usize;
     while at < merged.len() {
         let n = (MAX_IO_BYTES as usize).min(merged.len() - at);
@@ -114,173 +97,94 @@ async fn write_range(
     Ok(())
 }
 
-impl Filesystem for VolumeFs {
-    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        let _ = config.set_max_write(1 << 20);
-        let _ = config.set_max_readahead(0);
-        // Without async direct I/O the kernel sends the loop device's
-        // requests one at a time; with it, many are in flight at once.
-        if let Err(missing) = config.add_capabilities(fuser::InitFlags::FUSE_ASYNC_DIO) {
-            tracing::warn!(?missing, "kernel FUSE lacks async direct I/O; the block device runs at queue depth 1");
-        }
-        let _ = config.set_max_background(256);
-        let _ = config.set_congestion_threshold(192);
-        Ok(())
-    }
-
-    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        if parent == ROOT && name == FILE_NAME {
-            reply.entry(&TTL, &attr(FILE, self.volume.size()), Generation(0));
-        } else {
-            reply.error(Errno::ENOENT);
-        }
-    }
-
-    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match ino {
-            ROOT => reply.attr(&TTL, &attr(ROOT, 0)),
-            FILE => reply.attr(&TTL, &attr(FILE, self.volume.size())),
-            _ => reply.error(Errno::ENOENT),
-        }
-    }
-
-    fn setattr(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _mode: Option<u32>,
-        _uid: Option<u32>,
-        _gid: Option<u32>,
-        size: Option<u64>,
-        _atime: Option<fuser::TimeOrNow>,
-        _mtime: Option<fuser::TimeOrNow>,
-        _ctime: Option<SystemTime>,
-        _fh: Option<FileHandle>,
-        _crtime: Option<SystemTime>,
-        _chgtime: Option<SystemTime>,
-        _bkuptime: Option<SystemTime>,
-        _flags: Option<fuser::BsdFileFlags>,
-        reply: ReplyAttr,
-    ) {
-        if ino != FILE {
-            return reply.error(Errno::EPERM);
-        }
-        match size {
-            Some(s) if s != self.volume.size() => reply.error(Errno::EPERM),
-            _ => reply.attr(&TTL, &attr(FILE, self.volume.size())),
-        }
-    }
-
-    fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        if ino == FILE {
+impl VolumeFs {
+    /// Answers one request: metadata at once, I/O from a task of its own
+    /// (so the reader goes on to the next request).
+    fn handle(&self, request: Request, channel: &Channel) {
+        let (unique, ino) = (request.unique, request.nodeid);
+        let size = self.volume.size();
+        match request.op {
+            Op::Lookup { name } if ino == ROOT && name == FILE_NAME.as_bytes() => {
+                channel.reply(unique, &abi::entry(&attr(FILE, size), TTL_SECS))
+            }
+            Op::Lookup { .. } => channel.error(unique, libc::ENOENT),
+            Op::Getattr if ino == ROOT || ino == FILE => {
+                channel.reply(unique, &abi::attr_out(&attr(ino, size), TTL_SECS))
+            }
+            Op::Getattr => channel.error(unique, libc::ENOENT),
+            Op::Setattr { .. } if ino != FILE => channel.error(unique, libc::EPERM),
+            // The file is as large as the volume; only a resize of the volume changes that.
+            Op::Setattr { size: Some(s) } if s != size => channel.error(unique, libc::EPERM),
+            Op::Setattr { .. } => channel.reply(unique, &abi::attr_out(&attr(FILE, size), TTL_SECS)),
             // No FUSE page cache: every read and write reaches the replicas.
-            reply.opened(FileHandle(0), FopenFlags::FOPEN_DIRECT_IO);
-        } else {
-            reply.error(Errno::EISDIR);
-        }
-    }
-
-    fn read(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        size: u32,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        reply: ReplyData,
-    ) {
-        if ino != FILE {
-            return reply.error(Errno::EISDIR);
-        }
-        let volume = self.volume.clone();
-        let end = (offset + size as u64).min(volume.size());
-        if offset >= end {
-            return reply.data(&[]);
-        }
-        self.runtime.spawn(async move {
-            match read_range(&volume, offset, end - offset).await {
-                Ok(data) => reply.data(&data),
-                Err(e) => {
-                    tracing::warn!(offset, size, error = %e, "blockdev read failed");
-                    reply.error(errno(&e))
+            Op::Open if ino == FILE => {
+                channel.reply(unique, &abi::open_out(0, abi::FOPEN_DIRECT_IO | abi::FOPEN_PARALLEL_DIRECT_WRITES))
+            }
+            Op::Open => channel.error(unique, libc::EISDIR),
+            Op::Opendir if ino == ROOT => channel.reply(unique, &abi::open_out(0, 0)),
+            Op::Opendir => channel.error(unique, libc::ENOTDIR),
+            Op::Readdir { offset, size: room } => {
+                let entries = [(ROOT, abi::DT_DIR, "."), (ROOT, abi::DT_DIR, ".."), (FILE, abi::DT_REG, FILE_NAME)];
+                channel.reply(unique, &abi::dirents(&entries, offset, room))
+            }
+            Op::Release | Op::Releasedir => channel.reply(unique, &[]),
+            Op::Statfs => channel.reply(unique, &abi::statfs_out(size / BLOCK, BLOCK as u32, 1)),
+            Op::Read { .. } | Op::Write { .. } if ino != FILE => channel.error(unique, libc::EISDIR),
+            Op::Read { offset, size: want } => {
+                let end = (offset + want as u64).min(size);
+                if offset >= end {
+                    return channel.reply(unique, &[]);
                 }
+                let (volume, channel) = (self.volume.clone(), channel.clone());
+                tokio::spawn(async move {
+                    match read_range(&volume, offset, end - offset).await {
+                        Ok(data) => channel.reply(unique, &data),
+                        Err(e) => {
+                            tracing::warn!(offset, size = want, error = %e, "blockdev read failed");
+                            channel.error(unique, errno(&e))
+                        }
+                    }
+                });
             }
-        });
-    }
-
-    fn write(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        data: &[u8],
-        _write_flags: WriteFlags,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        reply: ReplyWrite,
-    ) {
-        if ino != FILE {
-            return reply.error(Errno::EISDIR);
-        }
-        if offset + data.len() as u64 > self.volume.size() {
-            return reply.error(Errno::ENOSPC);
-        }
-        let (volume, partial, data) = (self.volume.clone(), self.partial.clone(), data.to_vec());
-        self.runtime.spawn(async move {
-            match write_range(&volume, &partial, offset, &data).await {
-                Ok(()) => reply.written(data.len() as u32),
-                Err(e) => {
-                    tracing::warn!(offset, len = data.len(), error = %e, "blockdev write failed");
-                    reply.error(errno(&e))
+            Op::Write { offset, data } => {
+                if offset + data.len() as u64 > size {
+                    return channel.error(unique, libc::ENOSPC);
                 }
+                let (volume, partial, channel) = (self.volume.clone(), self.partial.clone(), channel.clone());
+                tokio::spawn(async move {
+                    let len = data.len();
+                    match write_range(&volume, &partial, offset, data).await {
+                        Ok(()) => channel.reply(unique, &abi::write_out(len as u32)),
+                        Err(e) => {
+                            tracing::warn!(offset, len, error = %e, "blockdev write failed");
+                            channel.error(unique, errno(&e))
+                        }
+                    }
+                });
             }
-        });
-    }
-
-    fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
-        let volume = self.volume.clone();
-        self.runtime.spawn(async move {
-            match volume.flush().await {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(errno(&e)),
+            Op::Flush | Op::Fsync => {
+                let (volume, channel) = (self.volume.clone(), channel.clone());
+                tokio::spawn(async move {
+                    match volume.flush().await {
+                        Ok(()) => channel.reply(unique, &[]),
+                        Err(e) => channel.error(unique, errno(&e)),
+                    }
+                });
             }
-        });
-    }
-
-    fn fsync(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
-        let volume = self.volume.clone();
-        self.runtime.spawn(async move {
-            match volume.flush().await {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(errno(&e)),
-            }
-        });
-    }
-
-    fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
-        if ino != ROOT {
-            return reply.error(Errno::ENOTDIR);
+            Op::Init(_) | Op::NoReply | Op::Destroy | Op::Other(_) => channel.error(unique, libc::ENOSYS),
         }
-        let entries = [
-            (ROOT, FileType::Directory, "."),
-            (ROOT, FileType::Directory, ".."),
-            (FILE, FileType::RegularFile, FILE_NAME),
-        ];
-        for (i, (ino, kind, name)) in entries.iter().enumerate().skip(offset as usize) {
-            if reply.add(*ino, (i + 1) as u64, *kind, name) {
-                break;
-            }
-        }
-        reply.ok();
     }
+}
+
+/// The FUSE half of the fallback device: the mount and the task serving it.
+struct FuseFile {
+    mount: fuse::Mount,
+    server: tokio::task::JoinHandle<()>,
 }
 
 pub struct BlockDevice {
     kernel_nbd: Option<KernelNbd>,
-    session: Option<fuser::BackgroundSession>,
+    fuse: Option<FuseFile>,
     pub loop_device: String,
     pub link: PathBuf,
     mountpoint: PathBuf,
@@ -312,7 +216,7 @@ pub fn start(volume: Arc<Volume>, runtime: tokio::runtime::Handle) -> Result<Blo
         let mut device = BlockDevice {
             loop_device: nbd.device.clone(),
             kernel_nbd: Some(nbd),
-            session: None,
+            fuse: None,
             link: PathBuf::new(),
             mountpoint: PathBuf::new(),
         };
@@ -322,23 +226,22 @@ pub fn start(volume: Arc<Volume>, runtime: tokio::runtime::Handle) -> Result<Blo
     }
     let mountpoint = Path::new("/run/ironhorn/fuse").join(&volume.name);
     std::fs::create_dir_all(&mountpoint).map_err(|e| format!("create {}: {e}", mountpoint.display()))?;
-    let mut config = fuser::Config::default();
-    config.mount_options = vec![
-        MountOption::FSName(format!("ironhorn-{}", volume.name)),
-        MountOption::Subtype("ironhorn".into()),
-        MountOption::RW,
-        MountOption::NoAtime,
-        MountOption::NoDev,
-        MountOption::NoSuid,
-    ];
-    config.n_threads = Some(2);
     let name = volume.name.clone();
-    let fs = VolumeFs { volume, runtime, partial: Arc::new(tokio::sync::Mutex::new(())) };
-    let session = fuser::spawn_mount(fs, &mountpoint, &config)
-        .map_err(|e| format!("FUSE mount on {}: {e}", mountpoint.display()))?;
+    let fs = VolumeFs { volume, partial: Arc::new(tokio::sync::Mutex::new(())) };
+    let mount = {
+        let _entered = runtime.enter();
+        fuse::Mount::new(&format!("ironhorn-{name}"), &mountpoint).map_err(|e| e.to_string())?
+    };
+    let channel = mount.channel.clone();
+    let server = runtime.spawn(async move {
+        let served = fuse::Mount::serve(channel, MAX_IO_BYTES as u32, |request, channel| fs.handle(request, channel));
+        if let Err(e) = served.await {
+            tracing::error!(error = %e, "FUSE server stopped: the block device fails its I/O");
+        }
+    });
     let mut device = BlockDevice {
         kernel_nbd: None,
-        session: Some(session),
+        fuse: Some(FuseFile { mount, server }),
         loop_device: String::new(),
         link: PathBuf::new(),
         mountpoint: mountpoint.clone(),
@@ -371,14 +274,11 @@ impl BlockDevice {
         if let Some(nbd) = &self.kernel_nbd {
             return ioctl(nbd.file.as_raw_fd(), NBD_SET_SIZE_BLOCKS, size / BLOCK, "NBD_SET_SIZE_BLOCKS");
         }
-        if let Some(session) = &self.session {
-            // Offset -1: the attributes only (there is no page cache).
-            match session.notifier().inval_inode(FILE, -1, 0) {
-                Ok(()) => {}
-                // Not in the kernel's cache: its next lookup reads the size.
-                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
-                Err(e) => return Err(format!("invalidate the FUSE file's attributes: {e}")),
-            }
+        if let Some(fuse) = &self.fuse {
+            fuse.mount
+                .channel
+                .invalidate_attributes(FILE)
+                .map_err(|e| format!("invalidate the FUSE file's attributes: {e}"))?;
         }
         let file = self.mountpoint.join(FILE_NAME);
         let seen = std::fs::metadata(&file).map_err(|e| format!("stat {}: {e}", file.display()))?.len();
@@ -403,10 +303,13 @@ impl Drop for BlockDevice {
                 tracing::warn!(error = %e, "detach loop device");
             }
         }
-        if let Some(session) = self.session.take() {
-            if let Err(e) = session.umount_and_join() {
+        if let Some(fuse) = self.fuse.take() {
+            // The server answers the loop device's last requests above; once
+            // unmounted, its read ends.
+            if let Err(e) = fuse::unmount(&fuse.mount.mountpoint) {
                 tracing::warn!(error = %e, "unmount FUSE");
             }
+            fuse.server.abort();
         }
         let _ = std::fs::remove_dir(&self.mountpoint);
     }

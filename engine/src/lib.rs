@@ -4,6 +4,7 @@
 pub mod blockdev;
 pub mod control;
 pub mod election;
+pub mod fuse;
 pub mod limit;
 pub mod metrics;
 pub mod nbd;

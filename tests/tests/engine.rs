@@ -366,6 +366,60 @@ fn blockdev_ext4_survives_a_replica_kill() {
     assert_eq!(replica_modes(&status)[&addresses[2]], "ERR");
 }
 
+/// The block device's FUSE file: an fsync reaches every replica (nothing
+/// acknowledged is left unflushed after it returns), unaligned writes that
+/// straddle blocks read back byte for byte, and a read past the end is short.
+#[test]
+fn blockdev_fsync_flushes_every_replica_and_unaligned_file_io_reads_back() {
+    use std::io::{Read, Seek, SeekFrom, Write};
+    require_root();
+    let mut c = Cluster::new("eng-bdsync", 2);
+    let volume = unique("bds");
+    let addresses = c.addresses();
+    let refs: Vec<&str> = addresses.iter().map(String::as_str).collect();
+    c.engine = Some(start_engine("engine", &volume, SIZE, 1, &refs, &c.socket, c.dir.path(), &["--blockdev"]).unwrap());
+    // Asked over gRPC from this process: a child process would inherit the
+    // open file and close it, and FUSE flushes on every close.
+    let rt = runtime();
+    let address = format!("http://{}", c.engine().address);
+    let unflushed = || {
+        rt.block_on(async {
+            let mut client =
+                ironhorn_proto::engine::engine_client::EngineClient::connect(address.clone()).await.unwrap();
+            client.status(ironhorn_proto::engine::StatusRequest {}).await.unwrap().into_inner().unflushed_bytes
+        })
+    };
+    let file_path = Path::new("/run/ironhorn/fuse").join(&volume).join("volume");
+    let mut file = std::fs::OpenOptions::new().read(true).write(true).open(&file_path).expect("open the FUSE file");
+    assert_eq!(file.metadata().unwrap().len(), SIZE_BYTES, "the file is as large as the volume");
+
+    // Unaligned, straddling a block boundary, then a second one inside the first.
+    let first: Vec<u8> = (0..10_000u32).map(|i| (i * 7 + 3) as u8).collect();
+    file.seek(SeekFrom::Start(4000)).unwrap();
+    file.write_all(&first).unwrap();
+    assert!(unflushed() > 0, "the write is acknowledged but not yet flushed (the background flush waits 5 s)");
+    file.sync_all().expect("fsync");
+    assert_eq!(unflushed(), 0, "fsync returned with writes unflushed");
+
+    file.seek(SeekFrom::Start(6000)).unwrap();
+    file.write_all(b"straddle").unwrap();
+    let mut expected = first.clone();
+    expected[2000..2008].copy_from_slice(b"straddle");
+    let mut back = vec![0u8; expected.len()];
+    file.seek(SeekFrom::Start(4000)).unwrap();
+    file.read_exact(&mut back).unwrap();
+    assert!(back == expected, "unaligned writes read back differently");
+
+    // The last 100 bytes, asked for 4096: a short read, not an error.
+    let mut tail = vec![0u8; 4096];
+    file.seek(SeekFrom::Start(SIZE_BYTES - 100)).unwrap();
+    assert_eq!(file.read(&mut tail).unwrap(), 100);
+    // Past the end: ENOSPC, nothing written.
+    file.seek(SeekFrom::Start(SIZE_BYTES - 10)).unwrap();
+    let err = file.write_all(&[1u8; 100]).expect_err("a write past the end is refused");
+    assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{err}");
+}
+
 #[test]
 fn an_interrupted_rebuild_resumes_instead_of_starting_over() {
     let mut c = Cluster::new("eng-resume", 1);
