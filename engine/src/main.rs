@@ -102,6 +102,13 @@ enum Command {
         #[arg(long, default_value = "0", value_parser = parse_size)]
         bandwidth: u64,
     },
+    /// Limit rebuild copying to this many MiB/s from now on (0: unlimited).
+    RebuildRate {
+        #[arg(long)]
+        engine: String,
+        #[arg(long)]
+        mib_per_sec: u64,
+    },
 }
 
 #[derive(Subcommand)]
@@ -293,6 +300,12 @@ async fn drive(command: Command) -> Result<(), String> {
         Command::Limits { engine, iops, bandwidth } => {
             let limits = IoLimits { iops, bytes_per_sec: bandwidth };
             let s = client(&engine).await?.set_limits(limits).await.map_err(fail)?;
+            print_status(s.into_inner());
+            Ok(())
+        }
+        Command::RebuildRate { engine, mib_per_sec } => {
+            let rate = RebuildRate { bytes_per_sec: mib_per_sec << 20 };
+            let s = client(&engine).await?.set_rebuild_rate(rate).await.map_err(fail)?;
             print_status(s.into_inner());
             Ok(())
         }

@@ -14,18 +14,19 @@ BENCH=engine-bench TOOLS="fio nbdkit jq"
 source "$(dirname "$0")/common.sh"
 VOL=bench$$
 
-# fio_run NAME TARGET-ARGS... : prints "randread_iops randwrite_iops qd1_write_lat_us"
+# measure TARGET-ARGS... : prints "randread_iops randwrite_iops qd1_write_lat_us qd1_read_lat_us"
 fio_job() { # rw iodepth target-args...
   local rw=$1 qd=$2; shift 2
   fio --name=b --rw="$rw" --bs=4k --iodepth="$qd" --runtime="$RUNTIME" --time_based --randrepeat=0 \
       --size="$SIZE" --output-format=json "$@" 2>/dev/null | sed -n '/^{/,$p'
 }
 measure() { # target-args...
-  local r w l
+  local r w l lr
   r=$(fio_job randread 32 "$@" | jq '.jobs[0].read.iops')
   w=$(fio_job randwrite 32 "$@" | jq '.jobs[0].write.iops')
   l=$(fio_job randwrite 1 "$@" | jq '.jobs[0].write.clat_ns.mean / 1000')
-  printf '%.0f %.0f %.1f\n' "$r" "$w" "$l"
+  lr=$(fio_job randread 1 "$@" | jq '.jobs[0].read.clat_ns.mean / 1000')
+  printf '%.0f %.0f %.1f %.1f\n' "$r" "$w" "$l" "$lr"
 }
 
 start_replica() { # name; appends "--replica ADDRESS" to REPLICA_ARGS
@@ -88,17 +89,37 @@ read -r nk_r nk_w nk_l <<<"${RESULT[nbdkit]}"
 echo
 echo "4 KiB random I/O, iodepth 32 (IOPS) and QD1 write latency; size $SIZE, ${RUNTIME}s per run"
 echo
-echo "| target | randread IOPS | ×raw | ×nbdkit | randwrite IOPS | ×raw | ×nbdkit | QD1 write µs |"
-echo "|---|---:|---:|---:|---:|---:|---:|---:|"
+echo "| target | randread IOPS | ×raw | ×nbdkit | randwrite IOPS | ×raw | ×nbdkit | QD1 write µs | QD1 read µs |"
+echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
 for key in raw nbdkit one three bd; do
   case $key in
     raw) name="raw file, fio io_uring";; nbdkit) name="nbdkit file plugin, NBD";;
     one) name="ironhorn 1 replica, NBD";; three) name="ironhorn 3 replicas, NBD";;
     bd) name="ironhorn 3 replicas, blockdev";;
   esac
-  read -r rr ww ll <<<"${RESULT[$key]}"
-  awk -v n="$name" -v r="$rr" -v w="$ww" -v l="$ll" -v rr="$raw_r" -v rw="$raw_w" -v nr="$nk_r" -v nw="$nk_w" \
-    'BEGIN { printf "| %s | %d | %.2f | %.2f | %d | %.2f | %.2f | %.1f |\n", n, r, r/rr, r/nr, w, w/rw, w/nw, l }'
+  read -r rr ww ll lr <<<"${RESULT[$key]}"
+  awk -v n="$name" -v r="$rr" -v w="$ww" -v l="$ll" -v lr="$lr" -v rr="$raw_r" -v rw="$raw_w" -v nr="$nk_r" -v nw="$nk_w" \
+    'BEGIN { printf "| %s | %d | %.2f | %.2f | %d | %.2f | %.2f | %.1f | %.1f |\n", n, r, r/rr, r/nr, w, w/rw, w/nw, l, lr }'
 done
+
+# The aims of issue 16, each a ratio against a baseline of this run.
+read -r one_r one_w one_l one_lr <<<"${RESULT[one]}"
+read -r th_r th_w th_l th_lr <<<"${RESULT[three]}"
+read -r bd_r bd_w bd_l bd_lr <<<"${RESULT[bd]}"
+aim() { # text value op bound
+  awk -v t="$1" -v v="$2" -v op="$3" -v b="$4" 'BEGIN {
+    ok = (op == ">=") ? (v >= b) : (v <= b)
+    printf "%s %s: %.2f (aim %s %.2f)\n", ok ? "✓" : "✗", t, v, op, b }'
+}
+echo
+echo "aims:"
+aim "1. block device / NBD, 3 replicas, randread QD32 IOPS" "$(awk -v a="$bd_r" -v b="$th_r" 'BEGIN{print a/b}')" ">=" 0.9
+aim "1. block device / NBD, 3 replicas, randwrite QD32 IOPS" "$(awk -v a="$bd_w" -v b="$th_w" 'BEGIN{print a/b}')" ">=" 0.9
+aim "1. block device / NBD, 3 replicas, QD1 read (NBD µs / block device µs)" "$(awk -v a="$th_lr" -v b="$bd_lr" 'BEGIN{print a/b}')" ">=" 0.9
+aim "1. block device / NBD, 3 replicas, QD1 write (NBD µs / block device µs)" "$(awk -v a="$th_l" -v b="$bd_l" 'BEGIN{print a/b}')" ">=" 0.9
+aim "2. QD1 write µs over nbdkit's, 1 replica" "$(awk -v a="$one_l" -v b="$nk_l" 'BEGIN{print a-b}')" "<=" 50
+aim "2. QD1 write µs over nbdkit's, 3 replicas" "$(awk -v a="$th_l" -v b="$nk_l" 'BEGIN{print a-b}')" "<=" 80
+aim "3. 3 replicas randwrite / nbdkit" "$(awk -v a="$th_w" -v b="$nk_w" 'BEGIN{print a/b}')" ">=" 0.9
+awk -v a="$th_w" -v r="$raw_w" 'BEGIN { printf "   (3 replicas share this disk: randwrite is %.2f of raw/3, the physical ceiling)\n", a/(r/3) }'
 echo
 echo "idle: ${#PIDS[@]} processes (engines, replicas, nbdkit) used ${idle_cpu}% of one CPU together over 5 s"

@@ -6,12 +6,15 @@
 #   - ironhorn: an empty replica added to a volume holding SIZE of data
 #     (full rebuild, through `replica add`, until the replica is RW);
 #   - ironhorn: a replica killed, 1/16 of the volume rewritten while it is
-#     away, then restarted on its store and added back (delta rebuild).
+#     away, then restarted on its store and added back (delta rebuild);
+#   - ironhorn: a full rebuild of another empty replica under a rate limit
+#     of LIMIT MiB/s (default 100), to show the limit holds.
 # Prints MiB/s of volume made whole per second, with ratios to dd and nbdcopy.
 #
 #   tests/bench/rebuild-bench.sh            (env: SIZE=1G DIR=/var/tmp)
 set -euo pipefail
 SIZE=${SIZE:-1G}
+LIMIT=${LIMIT:-100}
 DIR=${DIR:-/var/tmp}/ironhorn-rebuild-bench-$$
 BENCH=rebuild-bench TOOLS="fio nbdkit nbdcopy jq dd awk"
 source "$(dirname "$0")/common.sh"
@@ -26,7 +29,7 @@ start_replica() { # name [layout] -> prints address; pid in $DIR/name.pid
   echo $! >"$DIR/$1.pid"
   wait_listen "$DIR/$1.out"
 }
-declare -A SECS COPIED
+declare -A SECS COPIED RB_MS
 timed_add() { # key replica-address: `replica add` until RW; records time and bytes copied
   local t0 status
   t0=$(now)
@@ -36,6 +39,7 @@ timed_add() { # key replica-address: `replica add` until RW; records time and by
   [ "$(jq -r --arg a "$2" '.replicas[] | select(.address == $a) | .mode' <<<"$status")" = RW ] \
     || { echo "rebuild-bench: replica $2 did not become RW ($1 rebuild): $status" >&2; exit 1; }
   COPIED[$1]=$(jq '.rebuilds[0].copied_bytes' <<<"$status")
+  RB_MS[$1]=$(jq '.rebuilds[0] | .finished_unix_ms - .started_unix_ms' <<<"$status")
 }
 
 echo "running: dd (O_DIRECT, 1 MiB)..." >&2
@@ -80,6 +84,13 @@ R1=$(start_replica r1 keep)
 PIDS+=("$(cat "$DIR/r1.pid")")
 timed_add delta "$R1"
 
+echo "running: ironhorn full rebuild limited to $LIMIT MiB/s..." >&2
+"$BIN/ironhorn-engine" rebuild-rate --engine "$E" --mib-per-sec "$LIMIT" >/dev/null
+R2=$(start_replica r2)
+PIDS+=("$(cat "$DIR/r2.pid")")
+timed_add limited "$R2"
+"$BIN/ironhorn-engine" rebuild-rate --engine "$E" --mib-per-sec 0 >/dev/null
+
 echo
 echo "Making a $SIZE volume whole: volume MiB per second of wall time (copied = bytes that moved)"
 echo
@@ -87,11 +98,25 @@ echo "| method | seconds | copied MiB | volume MiB/s | ×dd | ×nbdcopy |"
 echo "|---|---:|---:|---:|---:|---:|"
 dd_rate=$(awk -v m="$MIB" -v s="${SECS[dd]}" 'BEGIN { print m / s }')
 nc_rate=$(awk -v m="$MIB" -v s="${SECS[nbdcopy]}" 'BEGIN { print m / s }')
-for key in dd nbdcopy full delta; do
+for key in dd nbdcopy full delta limited; do
   case $key in
     dd) name="dd, O_DIRECT 1 MiB";; nbdcopy) name="nbdcopy, nbdkit → nbdkit";;
     full) name="ironhorn full rebuild";; delta) name="ironhorn delta rebuild";;
+    limited) name="ironhorn full rebuild, limit $LIMIT MiB/s";;
   esac
   awk -v n="$name" -v s="${SECS[$key]}" -v c="${COPIED[$key]}" -v m="$MIB" -v d="$dd_rate" -v k="$nc_rate" \
     'BEGIN { r = m / s; printf "| %s | %.2f | %d | %.0f | %.2f | %.2f |\n", n, s, c / 1048576, r, r / d, r / k }'
 done
+
+aim() { # text value op bound
+  awk -v t="$1" -v v="$2" -v op="$3" -v b="$4" 'BEGIN {
+    ok = (op == ">=") ? (v >= b) : (v <= b)
+    printf "%s %s: %.2f (aim %s %.2f)\n", ok ? "✓" : "✗", t, v, op, b }'
+}
+echo
+echo "aims:"
+aim "4. full rebuild / nbdcopy" "$(awk -v m="$MIB" -v s="${SECS[full]}" -v k="$nc_rate" 'BEGIN { print m / s / k }')" ">=" 0.9
+# The rebuild's own start and end (the engine's status), not the CLI's round trips.
+limited_rate=$(awk -v c="${COPIED[limited]}" -v ms="${RB_MS[limited]}" 'BEGIN { print c / 1048576 / (ms / 1000) }')
+echo "limited rebuild: $(awk -v r="$limited_rate" 'BEGIN { printf "%.1f", r }') MiB/s copied over the rebuild's own duration"
+aim "4. limited rebuild: |MiB/s copied / $LIMIT - 1|" "$(awk -v r="$limited_rate" -v l="$LIMIT" 'BEGIN { d = r / l - 1; print d < 0 ? -d : d }')" "<=" 0.10

@@ -155,6 +155,8 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
                     );
                     events::record(&self.store, &name, Warning, "ReplicaFailed", &message).await;
                 }
+                // The engine starts from the next snapshot: take it now.
+                self.again.notify_one();
                 return Ok(());
             }
             // (Re)start the engine: every healthy replica must be up first.

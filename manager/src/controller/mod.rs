@@ -29,6 +29,7 @@ use crate::replenish::{self, Action};
 use crate::scheduler::{self, DiskCandidate, Limits, Placed};
 use crate::{registration, settings, snapshots};
 
+mod backoff;
 mod engine;
 mod expand;
 mod heal;
@@ -94,6 +95,10 @@ pub struct Snapshot {
     pub settings: settings::Values,
     /// Node name → its heartbeat as judged at the pass's start.
     pub heartbeats: HashMap<String, registration::Heartbeat>,
+    /// Nodes asked and not answering yet (their poll is still out): not
+    /// ready for this pass, but not judged down either (their status and
+    /// their replicas' states are left as they were).
+    pub unanswered: HashSet<String>,
 }
 
 impl Snapshot {
@@ -167,6 +172,11 @@ pub struct Controller<D: Datastore, C: Cluster> {
     gate: crate::leader::Gate,
     /// How long each node's instance manager is waited for (see `polls`).
     polls: Arc<polls::Polls>,
+    /// Volumes whose last reconcile failed, waiting to try again.
+    backoff: Arc<backoff::Backoff>,
+    /// Asks for another pass at once (a step changed objects no watch
+    /// reports, and the next step needs a fresh snapshot).
+    again: Arc<tokio::sync::Notify>,
 }
 
 /// Reconcile passes this process has made and the time they took, for the
@@ -199,6 +209,14 @@ const VIEW_STALE_LIMIT: Duration = Duration::from_secs(30);
 
 type Outcome = Result<(), String>;
 
+/// Volumes reconciled at once in a pass.
+const VOLUMES_AT_ONCE: usize = 8;
+
+/// The version of a volume its backoff is kept for.
+fn version(volume: &Volume) -> backoff::Version {
+    (volume.metadata.generation.unwrap_or(0), volume.metadata.deletion_timestamp.is_some())
+}
+
 fn ds(e: datastore::Error) -> String {
     e.to_string()
 }
@@ -212,6 +230,8 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
             restoring: Arc::default(),
             gate: crate::leader::Gate::always(),
             polls: Arc::default(),
+            backoff: Arc::default(),
+            again: Arc::default(),
         }
     }
 
@@ -244,6 +264,9 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
             tokio::select! {
                 _ = &mut stop => return,
                 _ = tokio::time::sleep(resync) => {}
+                // A node a pass stopped waiting for answered.
+                _ = self.polls.late_answer.notified() => {}
+                _ = self.again.notified() => {}
                 _ = changed => {
                     // Let a burst of changes settle into one pass.
                     tokio::time::sleep(Duration::from_millis(20)).await;
@@ -268,33 +291,28 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
                 (n.name_any(), registration::heartbeat(lease, now, timeout))
             })
             .collect();
-        // Every node at once, each bounded by its own timeout: a pass waits
-        // for the slowest node, and a node that stopped answering only briefly.
-        let polled = join_all(nodes.iter().map(|node| async move {
-            let (name, im) = (node.name_any(), &node.spec.instance_manager_address);
-            let started = std::time::Instant::now();
-            let timeout = self.polls.timeout(&name, started);
-            let list = match tokio::time::timeout(timeout, self.cluster.instances(im)).await {
-                Ok(list) => list,
-                Err(_) => Err(format!("instance manager {im}: no answer within {timeout:?}")),
-            };
-            self.polls.record(&name, timeout, list.is_ok(), std::time::Instant::now());
-            let mut disks = Vec::new();
-            for (disk_name, disk) in &node.spec.disks {
-                let status = match &list {
-                    Ok(_) => self.cluster.disk_status(im, &disk.path).await,
-                    Err(e) => Err(e.clone()),
-                };
-                disks.push(((name.clone(), disk_name.clone()), status));
-            }
-            (name, list, disks)
-        }))
-        .await;
+        // Every node at once, each from a task of its own (see `polls`).
+        let polled = join_all(nodes.iter().map(|node| self.poll_node(node))).await;
         let mut instances = HashMap::new();
         let mut disks = HashMap::new();
-        for (name, list, node_disks) in polled {
-            disks.extend(node_disks);
-            instances.insert(name, list);
+        let mut unanswered = HashSet::new();
+        for (name, view) in polled {
+            let view = match view {
+                Some(view) => view,
+                None => {
+                    unanswered.insert(name.clone());
+                    let node = nodes.iter().find(|n| n.name_any() == name).expect("polled node");
+                    let why = format!("instance manager {}: no answer yet", node.spec.instance_manager_address);
+                    polls::NodeView {
+                        instances: Err(why.clone()),
+                        disks: node.spec.disks.keys().map(|d| (d.clone(), Err(why.clone()))).collect(),
+                    }
+                }
+            };
+            for (disk, status) in view.disks {
+                disks.insert((name.clone(), disk), status);
+            }
+            instances.insert(name, view.instances);
         }
         Ok(Snapshot {
             nodes,
@@ -306,7 +324,73 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
             snapshots: self.store.list().await.map_err(ds)?,
             settings,
             heartbeats,
+            unanswered,
         })
+    }
+
+    /// One node's view for this pass: asked now and answered within the
+    /// pass's wait, or None (not answering yet; an earlier poll may still be
+    /// out). The poll runs in a task of its own and ends by its own timeout.
+    async fn poll_node(&self, node: &Node) -> (String, Option<polls::NodeView>) {
+        let name = node.name_any();
+        let now = std::time::Instant::now();
+        let (timeout, wait) = match self.polls.plan(&name, now) {
+            (polls::Plan::StillAsking, out_for) => {
+                tracing::debug!(node = %name, ?out_for, "instance manager still not answering");
+                return (name, None);
+            }
+            (polls::Plan::Ask { timeout, wait }, _) => (timeout, wait),
+        };
+        let (answer, mut answered) = tokio::sync::watch::channel(None);
+        self.polls.sent(&name, now);
+        let waited_out = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (cluster, polls, node_name, im, node_disks, gave_up) = (
+            self.cluster.clone(),
+            self.polls.clone(),
+            name.clone(),
+            node.spec.instance_manager_address.clone(),
+            node.spec.disks.iter().map(|(d, disk)| (d.clone(), disk.path.clone())).collect::<Vec<_>>(),
+            waited_out.clone(),
+        );
+        tokio::spawn(async move {
+            let view = tokio::time::timeout(timeout, async {
+                let instances = cluster.instances(&im).await;
+                let mut disks = Vec::new();
+                for (disk, path) in node_disks {
+                    let status = match &instances {
+                        Ok(_) => cluster.disk_status(&im, &path).await,
+                        Err(e) => Err(e.clone()),
+                    };
+                    disks.push((disk, status));
+                }
+                polls::NodeView { instances, disks }
+            })
+            .await
+            .unwrap_or_else(|_| {
+                let why = format!("instance manager {im}: no answer within {timeout:?}");
+                polls::NodeView { instances: Err(why.clone()), disks: Vec::new() }
+            });
+            polls.ended(&node_name, timeout, view.instances.is_ok(), std::time::Instant::now());
+            let _ = answer.send(Some(view));
+            if gave_up.load(std::sync::atomic::Ordering::SeqCst) {
+                polls.late_answer.notify_one();
+            }
+        });
+        match tokio::time::timeout(wait, answered.wait_for(Option::is_some)).await {
+            Ok(Ok(view)) => {
+                let mut view = view.clone().expect("answered");
+                if view.disks.is_empty() {
+                    // Timed out inside the task: every disk shares the node's error.
+                    let why = view.instances.clone().err().unwrap_or_default();
+                    view.disks = node.spec.disks.keys().map(|d| (d.clone(), Err(why.clone()))).collect();
+                }
+                (name, Some(view))
+            }
+            _ => {
+                waited_out.store(true, std::sync::atomic::Ordering::SeqCst);
+                (name, None)
+            }
+        }
     }
 
     pub async fn reconcile_all(&self) -> Outcome {
@@ -326,14 +410,32 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
                 tracing::warn!(node = %node.name_any(), error = %e, "node reconcile failed");
             }
         }
-        for volume in &snapshot.volumes {
-            if !self.gate.is_leader() {
-                return Err("no longer the leader: pass abandoned".into());
-            }
-            if let Err(e) = self.reconcile_volume(&snapshot, volume).await {
-                tracing::warn!(volume = %volume.name_any(), error = %e, "volume reconcile failed");
-            }
+        // Each volume on its own, several at once: one whose reconcile waits
+        // on a slow call holds a slot, not the pass; one that keeps failing
+        // backs off (see `backoff`).
+        let now = std::time::Instant::now();
+        self.backoff.retain(|v| snapshot.volumes.iter().any(|x| x.name_any() == v));
+        let due: Vec<&Volume> =
+            snapshot.volumes.iter().filter(|v| self.backoff.due(&v.name_any(), version(v), now)).collect();
+        let slots = tokio::sync::Semaphore::new(VOLUMES_AT_ONCE);
+        let outcomes = join_all(due.into_iter().map(|volume| self.reconcile_one(&snapshot, volume, &slots))).await;
+        outcomes.into_iter().collect::<Outcome>()?;
+        Ok(())
+    }
+
+    /// One volume's turn in a pass, once a slot is free; its outcome goes to
+    /// its backoff. Err only when this manager stopped leading.
+    async fn reconcile_one(&self, snapshot: &Snapshot, volume: &Volume, slots: &tokio::sync::Semaphore) -> Outcome {
+        let _slot = slots.acquire().await.map_err(|e| e.to_string())?;
+        if !self.gate.is_leader() {
+            return Err("no longer the leader: pass abandoned".into());
         }
+        let name = volume.name_any();
+        let outcome = self.reconcile_volume(snapshot, volume).await;
+        if let Err(e) = &outcome {
+            tracing::warn!(volume = %name, error = %e, "volume reconcile failed");
+        }
+        self.backoff.record(&name, outcome.is_err(), version(volume), std::time::Instant::now());
         Ok(())
     }
 

@@ -6,6 +6,10 @@ use super::*;
 impl<D: Datastore, C: Cluster> Controller<D, C> {
     pub(super) async fn reconcile_node(&self, snapshot: &Snapshot, node: &Node) -> Outcome {
         let name = node.name_any();
+        if snapshot.unanswered.contains(&name) {
+            // Asked and not answering yet: judged when its poll ends.
+            return Ok(());
+        }
         let now = now();
         let im = &node.spec.instance_manager_address;
         let reachable = snapshot.instances.get(&name).cloned().unwrap_or(Err("not listed".into()));

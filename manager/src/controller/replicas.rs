@@ -9,6 +9,10 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
         let Some(node) = snapshot.node(&replica.spec.node_id) else {
             return self.set_replica_state(&name, "unknown", "", "node not found").await;
         };
+        if snapshot.unanswered.contains(&replica.spec.node_id) {
+            // Its node has not answered yet: its state is left as it was.
+            return Ok(());
+        }
         if !snapshot.node_ready(&replica.spec.node_id) {
             return self.set_replica_state(&name, "unknown", "", "node unreachable").await;
         }
