@@ -2,7 +2,7 @@
 # BENCH (the script's name, for messages), DIR (a fresh directory), SIZE
 # and TOOLS (the commands the script needs). Gives: the release binaries
 # in BIN, PIDS (killed, with DIR removed, on exit), STORE_SIZE,
-# wait_listen, layout and fill.
+# wait_listen, layout, fill and aim.
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 for tool in $TOOLS; do
   command -v "$tool" >/dev/null || { echo "$BENCH: $tool is missing (apt-get install fio nbdkit libnbd-bin jq)" >&2; exit 1; }
@@ -44,4 +44,12 @@ fill() {
   local out
   out=$(fio --name=fill --rw=write --bs=1M --iodepth=8 --size="$SIZE" "$@" 2>&1) \
     || { echo "$BENCH: filling $* failed: $out" >&2; exit 1; }
+}
+
+# Prints one aim of issue 16 as met (✓) or not (✗): aim TEXT VALUE OP BOUND,
+# OP being ">=" or "<=".
+aim() { # text value op bound
+  awk -v t="$1" -v v="$2" -v op="$3" -v b="$4" 'BEGIN {
+    ok = (op == ">=") ? (v >= b) : (v <= b)
+    printf "%s %s: %.2f (aim %s %.2f)\n", ok ? "✓" : "✗", t, v, op, b }'
 }

@@ -106,11 +106,6 @@ done
 read -r one_r one_w one_l one_lr <<<"${RESULT[one]}"
 read -r th_r th_w th_l th_lr <<<"${RESULT[three]}"
 read -r bd_r bd_w bd_l bd_lr <<<"${RESULT[bd]}"
-aim() { # text value op bound
-  awk -v t="$1" -v v="$2" -v op="$3" -v b="$4" 'BEGIN {
-    ok = (op == ">=") ? (v >= b) : (v <= b)
-    printf "%s %s: %.2f (aim %s %.2f)\n", ok ? "✓" : "✗", t, v, op, b }'
-}
 echo
 echo "aims:"
 aim "1. block device / NBD, 3 replicas, randread QD32 IOPS" "$(awk -v a="$bd_r" -v b="$th_r" 'BEGIN{print a/b}')" ">=" 0.9

@@ -108,11 +108,6 @@ for key in dd nbdcopy full delta limited; do
     'BEGIN { r = m / s; printf "| %s | %.2f | %d | %.0f | %.2f | %.2f |\n", n, s, c / 1048576, r, r / d, r / k }'
 done
 
-aim() { # text value op bound
-  awk -v t="$1" -v v="$2" -v op="$3" -v b="$4" 'BEGIN {
-    ok = (op == ">=") ? (v >= b) : (v <= b)
-    printf "%s %s: %.2f (aim %s %.2f)\n", ok ? "✓" : "✗", t, v, op, b }'
-}
 echo
 echo "aims:"
 aim "4. full rebuild / nbdcopy" "$(awk -v m="$MIB" -v s="${SECS[full]}" -v k="$nc_rate" 'BEGIN { print m / s / k }')" ">=" 0.9
