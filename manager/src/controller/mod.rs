@@ -303,10 +303,7 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
                     unanswered.insert(name.clone());
                     let node = nodes.iter().find(|n| n.name_any() == name).expect("polled node");
                     let why = format!("instance manager {}: no answer yet", node.spec.instance_manager_address);
-                    polls::NodeView {
-                        instances: Err(why.clone()),
-                        disks: node.spec.disks.keys().map(|d| (d.clone(), Err(why.clone()))).collect(),
-                    }
+                    polls::NodeView::unanswered(why, node.spec.disks.keys())
                 }
             };
             for (disk, status) in view.disks {
@@ -343,16 +340,12 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
         };
         let (answer, mut answered) = tokio::sync::watch::channel(None);
         self.polls.sent(&name, now);
-        let waited_out = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let (cluster, polls, node_name, im, node_disks, gave_up) = (
-            self.cluster.clone(),
-            self.polls.clone(),
-            name.clone(),
-            node.spec.instance_manager_address.clone(),
-            node.spec.disks.iter().map(|(d, disk)| (d.clone(), disk.path.clone())).collect::<Vec<_>>(),
-            waited_out.clone(),
-        );
+        let (cluster, polls, node_name, im) =
+            (self.cluster.clone(), self.polls.clone(), name.clone(), node.spec.instance_manager_address.clone());
+        let node_disks: Vec<(String, String)> =
+            node.spec.disks.iter().map(|(d, disk)| (d.clone(), disk.path.clone())).collect();
         tokio::spawn(async move {
+            let disk_names: Vec<String> = node_disks.iter().map(|(d, _)| d.clone()).collect();
             let view = tokio::time::timeout(timeout, async {
                 let instances = cluster.instances(&im).await;
                 let mut disks = Vec::new();
@@ -367,29 +360,20 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
             })
             .await
             .unwrap_or_else(|_| {
-                let why = format!("instance manager {im}: no answer within {timeout:?}");
-                polls::NodeView { instances: Err(why.clone()), disks: Vec::new() }
+                polls::NodeView::unanswered(
+                    format!("instance manager {im}: no answer within {timeout:?}"),
+                    disk_names.iter(),
+                )
             });
             polls.ended(&node_name, timeout, view.instances.is_ok(), std::time::Instant::now());
-            let _ = answer.send(Some(view));
-            if gave_up.load(std::sync::atomic::Ordering::SeqCst) {
+            // No receiver left: the pass stopped waiting, so start another.
+            if answer.send(Some(view)).is_err() {
                 polls.late_answer.notify_one();
             }
         });
         match tokio::time::timeout(wait, answered.wait_for(Option::is_some)).await {
-            Ok(Ok(view)) => {
-                let mut view = view.clone().expect("answered");
-                if view.disks.is_empty() {
-                    // Timed out inside the task: every disk shares the node's error.
-                    let why = view.instances.clone().err().unwrap_or_default();
-                    view.disks = node.spec.disks.keys().map(|d| (d.clone(), Err(why.clone()))).collect();
-                }
-                (name, Some(view))
-            }
-            _ => {
-                waited_out.store(true, std::sync::atomic::Ordering::SeqCst);
-                (name, None)
-            }
+            Ok(Ok(view)) => (name, view.clone()),
+            _ => (name, None),
         }
     }
 

@@ -70,6 +70,13 @@ pub struct NodeView {
     pub disks: Vec<(String, Result<pb::DiskStatusResponse, String>)>,
 }
 
+impl NodeView {
+    /// A node that did not answer: every disk shares its error.
+    pub fn unanswered<'a>(why: String, disks: impl Iterator<Item = &'a String>) -> NodeView {
+        NodeView { disks: disks.map(|d| (d.clone(), Err(why.clone()))).collect(), instances: Err(why) }
+    }
+}
+
 /// A poll that is out: since when. (Its answer goes to the pass that sent
 /// it, and to the node's state through `ended`.)
 struct Out {
