@@ -27,5 +27,18 @@ if [ "${#missing[@]}" -gt 0 ]; then
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
+# A one-off build (CI's clean clone) gains nothing from incremental state,
+# which would take as much disk again as the build itself.
+if [ -n "${CI:-}" ]; then
+  export CARGO_INCREMENTAL=0
+fi
+# The tests make stores, loop files and LVM PVs under the temp directory;
+# running out of disk there fails them with ENOSPC far from the cause.
+free_kib=$(df --output=avail -k "${TMPDIR:-/tmp}" | tail -1)
+if [ "$free_kib" -lt $((4 * 1024 * 1024)) ]; then
+  echo "scripts/test.sh: less than 4 GiB free under ${TMPDIR:-/tmp} ($((free_kib / 1024)) MiB); free some disk first" >&2
+  exit 1
+fi
+
 cargo build --workspace --bins
 cargo test --workspace -- --test-threads="${IRONHORN_TEST_THREADS:-2}"
