@@ -136,7 +136,9 @@ impl VolumeFs {
                     return channel.reply(unique, &[]);
                 }
                 let (volume, channel) = (self.volume.clone(), channel.clone());
+                let busy = ironhorn_proto::busy_poll::in_flight();
                 tokio::spawn(async move {
+                    let _busy = busy;
                     match read_range(&volume, offset, end - offset).await {
                         Ok(data) => channel.reply(unique, &data),
                         Err(e) => {
@@ -151,7 +153,9 @@ impl VolumeFs {
                     return channel.error(unique, libc::ENOSPC);
                 }
                 let (volume, partial, channel) = (self.volume.clone(), self.partial.clone(), channel.clone());
+                let busy = ironhorn_proto::busy_poll::in_flight();
                 tokio::spawn(async move {
+                    let _busy = busy;
                     let len = data.len();
                     match write_range(&volume, &partial, offset, data).await {
                         Ok(()) => channel.reply(unique, &abi::write_out(len as u32)),
@@ -164,7 +168,9 @@ impl VolumeFs {
             }
             Op::Flush | Op::Fsync => {
                 let (volume, channel) = (self.volume.clone(), channel.clone());
+                let busy = ironhorn_proto::busy_poll::in_flight();
                 tokio::spawn(async move {
+                    let _busy = busy;
                     match volume.flush().await {
                         Ok(()) => channel.reply(unique, &[]),
                         Err(e) => channel.error(unique, errno(&e)),

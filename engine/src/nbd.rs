@@ -469,10 +469,11 @@ where
         let permit = limit.clone().acquire_owned().await.expect("semaphore");
         let (volume, session, tx) = (volume.clone(), session.clone(), tx.clone());
         let req = Request { flags, kind, cookie, offset, length, data };
+        let busy = ironhorn_proto::busy_poll::in_flight();
         tokio::spawn(async move {
             let reply = serve_request(&volume, &session, req).await;
             let _ = tx.send(reply).await;
-            drop(permit);
+            drop((permit, busy));
         });
     }
     // Let in-flight requests finish and their replies go out.

@@ -94,6 +94,8 @@ pub mod say {
     }
 }
 
+pub mod busy_poll;
+
 pub mod batch {
     //! The `Io` stream's batching: a [`Batches`] stream turns the items
     //! queued on a channel into one message each time it is polled, so

@@ -193,13 +193,14 @@ impl Replica for ReplicaService {
                     let Ok(permit) = limit.clone().acquire_owned().await else {
                         return;
                     };
+                    let busy = ironhorn_proto::busy_poll::in_flight();
                     let ordered = order(&store, req).await;
                     let store = store.clone();
                     let tx = tx.clone();
                     tokio::spawn(async move {
                         let response = complete(&store, ordered).await;
                         let _ = tx.send(response);
-                        drop(permit);
+                        drop((permit, busy));
                     });
                 }
             }

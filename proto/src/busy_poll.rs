@@ -1,0 +1,158 @@
+//! Bounded busy-polling of the runtime while I/O is in flight.
+//!
+//! A QD1 request crosses two processes more than it does with a local NBD
+//! server (engine → replica → engine), and in a VM each time a process
+//! sleeps in `epoll_wait` and is woken by the next packet costs a halted
+//! vCPU's wake-up: tens of µs, more than the work itself. While a request
+//! is outstanding, or just after one finished (a QD1 client sends its next
+//! request a few µs after the reply), the poller keeps the runtime polling
+//! the reactor without sleeping, so the answer is picked up the moment it
+//! lands. After a quiet spell (see [`keep_polling`]) it stops, and an idle
+//! process sleeps as before: idle CPU stays at zero.
+//!
+//! Mechanism: one task that yields in a loop. On tokio's current-thread
+//! runtime a yielded task is woken only after the scheduler has polled the
+//! reactor with a zero timeout, so each turn of the loop is one
+//! `epoll_wait(0)` plus the tasks it made ready.
+//!
+//! `IRONHORN_POLL_US=N` sets the window after the last request (default
+//! [`DEFAULT_IDLE_WINDOW`]); `0` turns polling off.
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+/// How long the poller goes on after the last activity with nothing in
+/// flight: the time a QD1 client takes to send its next request.
+pub const DEFAULT_IDLE_WINDOW: Duration = Duration::from_micros(50);
+/// How long it goes on after the last activity while requests are in
+/// flight: a 4 KiB write to a disk plus the way back, with room to spare.
+/// A request slower than this (a busy disk) is waited for asleep.
+pub const IN_FLIGHT_WINDOW: Duration = Duration::from_micros(500);
+
+/// Whether to go on polling, `quiet` after the last activity with
+/// `in_flight` requests outstanding, given the idle window.
+pub fn keep_polling(quiet: Duration, in_flight: usize, idle_window: Duration) -> bool {
+    if idle_window.is_zero() {
+        return false;
+    }
+    let window = if in_flight > 0 { IN_FLIGHT_WINDOW.max(idle_window) } else { idle_window };
+    quiet < window
+}
+
+struct Poller {
+    activity: AtomicU64,
+    in_flight: AtomicUsize,
+    polling: AtomicBool,
+    wake: tokio::sync::Notify,
+    idle_window: Duration,
+}
+
+fn poller() -> &'static Poller {
+    static POLLER: OnceLock<Poller> = OnceLock::new();
+    POLLER.get_or_init(|| {
+        let idle_window = std::env::var("IRONHORN_POLL_US")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .map_or(DEFAULT_IDLE_WINDOW, Duration::from_micros);
+        Poller {
+            activity: AtomicU64::new(0),
+            in_flight: AtomicUsize::new(0),
+            // Until `start`, nobody polls: claim the flag so `touch` never
+            // wakes a task that does not exist.
+            polling: AtomicBool::new(true),
+            wake: tokio::sync::Notify::new(),
+            idle_window,
+        }
+    })
+}
+
+/// Marks activity (a request arrived or an answer came back): the poller
+/// runs, if it was asleep, for at least one window from now. Cheap: two
+/// atomics, and a wake-up only when the poller was asleep.
+pub fn touch() {
+    let p = poller();
+    p.activity.fetch_add(1, Ordering::Relaxed);
+    if !p.polling.swap(true, Ordering::AcqRel) {
+        p.wake.notify_one();
+    }
+}
+
+/// Counts a request in flight until the guard drops; starting it is
+/// activity, and so is its end.
+pub fn in_flight() -> InFlight {
+    poller().in_flight.fetch_add(1, Ordering::Relaxed);
+    touch();
+    InFlight(())
+}
+
+pub struct InFlight(());
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        poller().in_flight.fetch_sub(1, Ordering::Relaxed);
+        touch();
+    }
+}
+
+/// Spawns the poller on the current runtime (once per process; its data
+/// path must run on a current-thread runtime for the polling to reach the
+/// reactor). Does nothing when `IRONHORN_POLL_US=0`.
+pub fn start() {
+    let p = poller();
+    if p.idle_window.is_zero() {
+        return;
+    }
+    static STARTED: AtomicBool = AtomicBool::new(false);
+    if STARTED.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    tokio::spawn(async move {
+        p.polling.store(false, Ordering::Release);
+        loop {
+            p.wake.notified().await;
+            let mut seen = p.activity.load(Ordering::Relaxed);
+            let mut since = Instant::now();
+            loop {
+                tokio::task::yield_now().await;
+                // Give the core to any other runnable thread first: on a
+                // machine with fewer cores than busy processes, a poller
+                // must not hold one against the process it waits for.
+                // SAFETY: sched_yield has no preconditions.
+                unsafe { libc::sched_yield() };
+                let now = p.activity.load(Ordering::Relaxed);
+                if now != seen {
+                    seen = now;
+                    since = Instant::now();
+                } else if !keep_polling(since.elapsed(), p.in_flight.load(Ordering::Relaxed), p.idle_window) {
+                    p.polling.store(false, Ordering::Release);
+                    // Activity between the last look and giving up the
+                    // flag found it still set and woke nobody: go on.
+                    if p.activity.load(Ordering::Relaxed) == seen || p.polling.swap(true, Ordering::AcqRel) {
+                        break;
+                    }
+                    since = Instant::now();
+                }
+            }
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn polls_longer_while_requests_are_in_flight() {
+        let idle = Duration::from_micros(50);
+        assert!(keep_polling(Duration::from_micros(10), 0, idle));
+        assert!(!keep_polling(Duration::from_micros(60), 0, idle));
+        assert!(keep_polling(Duration::from_micros(60), 1, idle), "an answer is due");
+        assert!(!keep_polling(IN_FLIGHT_WINDOW, 1, idle), "a slow answer is waited for asleep");
+    }
+
+    #[test]
+    fn a_zero_window_never_polls() {
+        assert!(!keep_polling(Duration::ZERO, 3, Duration::ZERO));
+    }
+}
