@@ -30,10 +30,18 @@ pub const DEFAULT_IDLE_WINDOW: Duration = Duration::from_micros(50);
 /// A request slower than this (a busy disk) is waited for asleep.
 pub const IN_FLIGHT_WINDOW: Duration = Duration::from_micros(500);
 
+/// Above this many requests in flight the process does not poll. At depth
+/// requests overlap, so one wake-up brings a batch of answers and its cost
+/// is shared; polling there only takes CPU from the processes doing the
+/// work (measured: 3 replicas on 2 cores, QD32 randwrite 21.6k → 17.0k
+/// IOPS with polling at every depth). A lone request is where a wake-up
+/// is the whole latency.
+pub const MAX_POLLED_DEPTH: usize = 2;
+
 /// Whether to go on polling, `quiet` after the last activity with
 /// `in_flight` requests outstanding, given the idle window.
 pub fn keep_polling(quiet: Duration, in_flight: usize, idle_window: Duration) -> bool {
-    if idle_window.is_zero() {
+    if idle_window.is_zero() || in_flight > MAX_POLLED_DEPTH {
         return false;
     }
     let window = if in_flight > 0 { IN_FLIGHT_WINDOW.max(idle_window) } else { idle_window };
@@ -43,6 +51,8 @@ pub fn keep_polling(quiet: Duration, in_flight: usize, idle_window: Duration) ->
 struct Poller {
     activity: AtomicU64,
     in_flight: AtomicUsize,
+    /// Most requests in flight at once since the poller last slept.
+    peak: AtomicUsize,
     polling: AtomicBool,
     wake: tokio::sync::Notify,
     idle_window: Duration,
@@ -58,6 +68,7 @@ fn poller() -> &'static Poller {
         Poller {
             activity: AtomicU64::new(0),
             in_flight: AtomicUsize::new(0),
+            peak: AtomicUsize::new(0),
             // Until `start`, nobody polls: claim the flag so `touch` never
             // wakes a task that does not exist.
             polling: AtomicBool::new(true),
@@ -81,7 +92,9 @@ pub fn touch() {
 /// Counts a request in flight until the guard drops; starting it is
 /// activity, and so is its end.
 pub fn in_flight() -> InFlight {
-    poller().in_flight.fetch_add(1, Ordering::Relaxed);
+    let p = poller();
+    let depth = p.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
+    p.peak.fetch_max(depth, Ordering::Relaxed);
     touch();
     InFlight(())
 }
@@ -114,25 +127,30 @@ pub fn start() {
             let mut seen = p.activity.load(Ordering::Relaxed);
             let mut since = Instant::now();
             loop {
-                tokio::task::yield_now().await;
-                // Give the core to any other runnable thread first: on a
-                // machine with fewer cores than busy processes, a poller
-                // must not hold one against the process it waits for.
-                // SAFETY: sched_yield has no preconditions.
-                unsafe { libc::sched_yield() };
                 let now = p.activity.load(Ordering::Relaxed);
                 if now != seen {
                     seen = now;
                     since = Instant::now();
-                } else if !keep_polling(since.elapsed(), p.in_flight.load(Ordering::Relaxed), p.idle_window) {
+                }
+                // The deepest the queue was since the poller last slept:
+                // a burst at depth stops it before it takes any CPU.
+                let depth = p.peak.load(Ordering::Relaxed).max(p.in_flight.load(Ordering::Relaxed));
+                if !keep_polling(since.elapsed(), depth, p.idle_window) {
+                    p.peak.store(p.in_flight.load(Ordering::Relaxed), Ordering::Relaxed);
                     p.polling.store(false, Ordering::Release);
                     // Activity between the last look and giving up the
                     // flag found it still set and woke nobody: go on.
                     if p.activity.load(Ordering::Relaxed) == seen || p.polling.swap(true, Ordering::AcqRel) {
                         break;
                     }
-                    since = Instant::now();
+                    continue;
                 }
+                tokio::task::yield_now().await;
+                // Give the core to any other runnable thread first: on a
+                // machine with fewer cores than busy processes, a poller
+                // must not hold one against the process it waits for.
+                // SAFETY: sched_yield has no preconditions.
+                unsafe { libc::sched_yield() };
             }
         }
     });
@@ -149,6 +167,13 @@ mod tests {
         assert!(!keep_polling(Duration::from_micros(60), 0, idle));
         assert!(keep_polling(Duration::from_micros(60), 1, idle), "an answer is due");
         assert!(!keep_polling(IN_FLIGHT_WINDOW, 1, idle), "a slow answer is waited for asleep");
+    }
+
+    #[test]
+    fn does_not_poll_at_depth() {
+        let idle = Duration::from_micros(50);
+        assert!(keep_polling(Duration::ZERO, MAX_POLLED_DEPTH, idle));
+        assert!(!keep_polling(Duration::ZERO, MAX_POLLED_DEPTH + 1, idle));
     }
 
     #[test]
