@@ -85,6 +85,8 @@ impl ReplicaConn {
             .map_err(|e| ReplicaError::Invalid(format!("replica address {address:?}: {e}")))?
             .tcp_nodelay(true)
             .max_frame_size(ironhorn_proto::batch::H2_MAX_FRAME)
+            .initial_stream_window_size(ironhorn_proto::batch::H2_STREAM_WINDOW)
+            .initial_connection_window_size(ironhorn_proto::batch::H2_CONNECTION_WINDOW)
             .connect_timeout(timeout)
             .http2_keep_alive_interval(Duration::from_secs(5))
             .keep_alive_timeout(timeout);

@@ -52,6 +52,8 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
     });
     let router = tonic::transport::Server::builder()
         .max_frame_size(ironhorn_proto::batch::H2_MAX_FRAME)
+        .initial_stream_window_size(ironhorn_proto::batch::H2_STREAM_WINDOW)
+        .initial_connection_window_size(ironhorn_proto::batch::H2_CONNECTION_WINDOW)
         .add_service(server::ReplicaService::new(store.clone()))
         .add_optional_service(faults);
     ironhorn_proto::shutdown::serve_router(router, incoming, std::time::Duration::from_secs(2), "gRPC server").await?;
