@@ -58,12 +58,12 @@ pub const MAX_IO_BYTES: u64 = 4 << 20;
 const REBUILD_PREFIX: &str = "ironhorn-rebuild-";
 const CHECKSUM_BATCH_CHUNKS: u64 = 256;
 /// Copied chunks between flushes of a rebuild target (its durable progress).
-const FLUSH_EVERY_CHUNKS: usize = 16;
+const FLUSH_EVERY_CHUNKS: usize = 64;
 /// Writes no client flush covers get one from the engine this long after
 /// the first of them (see `spawn_background_flush`).
 pub const BACKGROUND_FLUSH_AFTER: Duration = Duration::from_secs(5);
 /// Chunks a rebuild copies at once.
-const REBUILD_CHUNKS_IN_FLIGHT: usize = 4;
+const REBUILD_CHUNKS_IN_FLIGHT: usize = 8;
 
 #[derive(Debug, Error)]
 pub enum VolumeError {
