@@ -136,9 +136,7 @@ impl VolumeFs {
                     return channel.reply(unique, &[]);
                 }
                 let (volume, channel) = (self.volume.clone(), channel.clone());
-                let busy = ironhorn_proto::busy_poll::in_flight();
-                tokio::spawn(async move {
-                    let _busy = busy;
+                ironhorn_proto::busy_poll::spawn_request(async move {
                     match read_range(&volume, offset, end - offset).await {
                         Ok(data) => channel.reply(unique, &data),
                         Err(e) => {
@@ -153,9 +151,7 @@ impl VolumeFs {
                     return channel.error(unique, libc::ENOSPC);
                 }
                 let (volume, partial, channel) = (self.volume.clone(), self.partial.clone(), channel.clone());
-                let busy = ironhorn_proto::busy_poll::in_flight();
-                tokio::spawn(async move {
-                    let _busy = busy;
+                ironhorn_proto::busy_poll::spawn_request(async move {
                     let len = data.len();
                     match write_range(&volume, &partial, offset, data).await {
                         Ok(()) => channel.reply(unique, &abi::write_out(len as u32)),
@@ -168,9 +164,7 @@ impl VolumeFs {
             }
             Op::Flush | Op::Fsync => {
                 let (volume, channel) = (self.volume.clone(), channel.clone());
-                let busy = ironhorn_proto::busy_poll::in_flight();
-                tokio::spawn(async move {
-                    let _busy = busy;
+                ironhorn_proto::busy_poll::spawn_request(async move {
                     match volume.flush().await {
                         Ok(()) => channel.reply(unique, &[]),
                         Err(e) => channel.error(unique, errno(&e)),

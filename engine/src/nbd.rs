@@ -469,11 +469,10 @@ where
         let permit = limit.clone().acquire_owned().await.expect("semaphore");
         let (volume, session, tx) = (volume.clone(), session.clone(), tx.clone());
         let req = Request { flags, kind, cookie, offset, length, data };
-        let busy = ironhorn_proto::busy_poll::in_flight();
-        tokio::spawn(async move {
+        ironhorn_proto::busy_poll::spawn_request(async move {
             let reply = serve_request(&volume, &session, req).await;
             let _ = tx.send(reply).await;
-            drop((permit, busy));
+            drop(permit);
         });
     }
     // Let in-flight requests finish and their replies go out.

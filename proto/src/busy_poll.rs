@@ -78,10 +78,10 @@ fn poller() -> &'static Poller {
     })
 }
 
-/// Marks activity (a request arrived or an answer came back): the poller
-/// runs, if it was asleep, for at least one window from now. Cheap: two
-/// atomics, and a wake-up only when the poller was asleep.
-pub fn touch() {
+/// Marks activity (a request started or finished): the poller runs, if it
+/// was asleep, for at least one window from now. Cheap: two atomics, and a
+/// wake-up only when the poller was asleep.
+fn touch() {
     let p = poller();
     p.activity.fetch_add(1, Ordering::Relaxed);
     if !p.polling.swap(true, Ordering::AcqRel) {
@@ -89,23 +89,42 @@ pub fn touch() {
     }
 }
 
-/// Counts a request in flight until the guard drops; starting it is
-/// activity, and so is its end.
-pub fn in_flight() -> InFlight {
-    let p = poller();
-    let depth = p.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
-    p.peak.fetch_max(depth, Ordering::Relaxed);
-    touch();
-    InFlight(())
-}
+/// Counts a request in flight until it drops; its start is activity, and
+/// so is its end.
+struct InFlight;
 
-pub struct InFlight(());
+impl InFlight {
+    fn new() -> Self {
+        let p = poller();
+        let depth = p.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
+        p.peak.fetch_max(depth, Ordering::Relaxed);
+        touch();
+        InFlight
+    }
+}
 
 impl Drop for InFlight {
     fn drop(&mut self) {
         poller().in_flight.fetch_sub(1, Ordering::Relaxed);
         touch();
     }
+}
+
+/// Spawns the task that serves one request (through to queueing its
+/// reply), counted in flight from now until it ends: the one way the data
+/// paths (NBD, the block device, the replica's data stream) tell the poller
+/// about their requests.
+pub fn spawn_request<F>(request: F) -> tokio::task::JoinHandle<F::Output>
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    let counted = InFlight::new();
+    tokio::spawn(async move {
+        let output = request.await;
+        drop(counted);
+        output
+    })
 }
 
 /// Spawns the poller on the current runtime (once per process; its data

@@ -117,8 +117,8 @@ pub mod batch {
 
     /// HTTP/2 flow-control windows both ends of a replica connection
     /// advertise, per stream and per connection. hyper's server default is
-    /// 1 MiB for both, so a rebuild's four 1 MiB chunks in flight, or one
-    /// 8 MiB batch, waited a round trip per MiB for window updates. A
+    /// 1 MiB for both, so a rebuild's 1 MiB chunks in flight, or one 8 MiB
+    /// batch, waited a round trip per MiB for window updates. A
     /// window bounds nothing else: the in-flight limits are the engine's.
     pub const H2_STREAM_WINDOW: u32 = 16 << 20;
     pub const H2_CONNECTION_WINDOW: u32 = 32 << 20;

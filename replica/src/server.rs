@@ -193,14 +193,13 @@ impl Replica for ReplicaService {
                     let Ok(permit) = limit.clone().acquire_owned().await else {
                         return;
                     };
-                    let busy = ironhorn_proto::busy_poll::in_flight();
                     let ordered = order(&store, req).await;
                     let store = store.clone();
                     let tx = tx.clone();
-                    tokio::spawn(async move {
+                    ironhorn_proto::busy_poll::spawn_request(async move {
                         let response = complete(&store, ordered).await;
                         let _ = tx.send(response);
-                        drop((permit, busy));
+                        drop(permit);
                     });
                 }
             }
