@@ -34,6 +34,8 @@ pub struct ServeConfig {
 /// Opens the volume, starts the frontends and the control server, and runs
 /// until SIGTERM or SIGINT (then flushes every replica).
 pub async fn serve(config: ServeConfig) -> Result<(), String> {
+    ironhorn_proto::allocator::tune();
+    ironhorn_proto::allocator::spawn_trimmer();
     ironhorn_proto::busy_poll::start();
     if config.replicas.is_empty() {
         return Err("at least one --replica is needed".into());

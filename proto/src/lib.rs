@@ -94,6 +94,7 @@ pub mod say {
     }
 }
 
+pub mod allocator;
 pub mod busy_poll;
 
 pub mod batch {

@@ -12,7 +12,7 @@
 //! - [`Backend::Pread`]: plain `pread`/`pwrite` on tokio's blocking pool, for
 //!   tests and as a fallback where io_uring is unavailable.
 
-use std::alloc::{Layout, alloc_zeroed, dealloc};
+use std::alloc::{Layout, alloc, alloc_zeroed, dealloc};
 use std::collections::VecDeque;
 use std::fs::File;
 use std::io;
@@ -48,10 +48,21 @@ impl AlignedBuf {
         Self { ptr, len }
     }
 
+    /// A buffer holding a copy of `data` (its length a multiple of
+    /// [`IO_ALIGN`]). Not zeroed first: the copy writes every byte, and a
+    /// rebuild's 1 MiB chunks would otherwise be written twice.
     pub fn from_slice(data: &[u8]) -> Self {
-        let mut buf = Self::zeroed(data.len());
-        buf.copy_from_slice(data);
-        buf
+        let len = data.len();
+        assert!(len > 0 && len % IO_ALIGN == 0, "aligned buffer length {len}");
+        let layout = Layout::from_size_align(len, IO_ALIGN).expect("layout");
+        // SAFETY: layout has non-zero size.
+        let ptr = unsafe { alloc(layout) };
+        let ptr = NonNull::new(ptr).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
+        // SAFETY: ptr is valid for len bytes and cannot overlap `data`, a
+        // live borrow of other memory; after the copy all len bytes are
+        // initialised, as Deref requires.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), ptr.as_ptr(), len) };
+        Self { ptr, len }
     }
 
     pub fn len(&self) -> usize {

@@ -28,6 +28,8 @@ pub struct ServeConfig {
 /// Opens (or creates) the store and serves it until SIGTERM or SIGINT, then
 /// closes it cleanly.
 pub async fn serve(config: ServeConfig) -> Result<(), String> {
+    ironhorn_proto::allocator::tune();
+    ironhorn_proto::allocator::spawn_trimmer();
     ironhorn_proto::busy_poll::start();
     let store = Store::open(&config.store).await.map_err(|e| format!("{}: {e}", config.store.location))?;
     let store = Arc::new(store);

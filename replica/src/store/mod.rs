@@ -733,7 +733,9 @@ impl Store {
         entries: &[(BlockState, Option<Entry>)],
     ) -> Result<AlignedBuf> {
         let device = self.device();
-        let mut out = AlignedBuf::zeroed(length as usize);
+        // Made only when the range is not one contiguous run (a whole-run
+        // read returns the device's buffer as it is).
+        let mut out: Option<AlignedBuf> = None;
         let mut i = 0;
         while i < entries.len() {
             let Some(first) = entries[i].1 else {
@@ -745,12 +747,10 @@ impl Store {
                 n += 1;
             }
             let whole = i == 0 && n == entries.len();
-            let buf = if whole {
-                std::mem::replace(&mut out, AlignedBuf::zeroed(BLOCK))
-            } else {
-                AlignedBuf::zeroed(n * BLOCK)
-            };
-            let buf = device.read(first.pba * BLOCK_SIZE, buf).await.map_err(io_err("read data"))?;
+            let buf = device
+                .read(first.pba * BLOCK_SIZE, AlignedBuf::zeroed(n * BLOCK))
+                .await
+                .map_err(io_err("read data"))?;
             for (k, block) in buf.chunks(BLOCK).enumerate() {
                 let expected = entries[i + k].1.expect("mapped").crc;
                 if format::crc32(block) != expected {
@@ -762,10 +762,11 @@ impl Store {
             if whole {
                 return Ok(buf);
             }
+            let out = out.get_or_insert_with(|| AlignedBuf::zeroed(length as usize));
             out[i * BLOCK..(i + n) * BLOCK].copy_from_slice(&buf);
             i += n;
         }
-        Ok(out)
+        Ok(out.unwrap_or_else(|| AlignedBuf::zeroed(length as usize)))
     }
 
     /// Makes every completed write durable.
