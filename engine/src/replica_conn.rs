@@ -18,7 +18,7 @@ use ironhorn_proto::batch::Batches;
 use ironhorn_proto::replica::replica_client::ReplicaClient;
 use ironhorn_proto::replica::{IoRequest, IoRequests, IoResponse, IoStatus};
 use tokio::sync::{mpsc, oneshot};
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 const MAX_MESSAGE_BYTES: usize = 64 << 20;
 
@@ -81,15 +81,8 @@ pub fn status_error(status: tonic::Status) -> ReplicaError {
 impl ReplicaConn {
     /// Connects (bounded by `timeout`) and opens the data stream.
     pub async fn connect(address: &str, timeout: Duration) -> Result<ReplicaConn, ReplicaError> {
-        let endpoint = Endpoint::from_shared(format!("http://{address}"))
-            .map_err(|e| ReplicaError::Invalid(format!("replica address {address:?}: {e}")))?
-            .tcp_nodelay(true)
-            .max_frame_size(ironhorn_proto::batch::H2_MAX_FRAME)
-            .initial_stream_window_size(ironhorn_proto::batch::H2_STREAM_WINDOW)
-            .initial_connection_window_size(ironhorn_proto::batch::H2_CONNECTION_WINDOW)
-            .connect_timeout(timeout)
-            .http2_keep_alive_interval(Duration::from_secs(5))
-            .keep_alive_timeout(timeout);
+        let endpoint = ironhorn_proto::batch::replica_endpoint(address, timeout)
+            .map_err(|e| ReplicaError::Invalid(format!("replica address {address:?}: {e}")))?;
         let channel = tokio::time::timeout(timeout, endpoint.connect())
             .await
             .map_err(|_| ReplicaError::Failed(format!("connect to replica {address}: timed out")))?

@@ -124,6 +124,23 @@ pub mod batch {
     pub const H2_STREAM_WINDOW: u32 = 16 << 20;
     pub const H2_CONNECTION_WINDOW: u32 = 32 << 20;
 
+    /// The endpoint for a gRPC connection to a replica (from the engine or
+    /// from another replica), with the frame size and windows above.
+    /// Connecting is bounded by `timeout`; keep-alives find a dead peer.
+    pub fn replica_endpoint(
+        address: &str,
+        timeout: std::time::Duration,
+    ) -> Result<tonic::transport::Endpoint, tonic::transport::Error> {
+        Ok(tonic::transport::Endpoint::from_shared(format!("http://{address}"))?
+            .tcp_nodelay(true)
+            .max_frame_size(H2_MAX_FRAME)
+            .initial_stream_window_size(H2_STREAM_WINDOW)
+            .initial_connection_window_size(H2_CONNECTION_WINDOW)
+            .connect_timeout(timeout)
+            .http2_keep_alive_interval(std::time::Duration::from_secs(5))
+            .keep_alive_timeout(timeout))
+    }
+
     /// Items per message at most.
     pub const MAX_ITEMS: usize = 256;
     /// A message stops taking items once their payloads reach this many
@@ -188,6 +205,60 @@ pub mod batch {
             assert_eq!(batches.next().await.unwrap().len(), 1);
             drop(tx);
             assert!(batches.next().await.is_none());
+        }
+    }
+}
+
+pub mod blocks {
+    //! Splitting a buffer into runs of zero and non-zero blocks: a rebuild
+    //! sends a zero run as a mark instead of its bytes.
+
+    /// A run of whole blocks, all zero or all holding data: bytes
+    /// `start..start + len` of the buffer.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub struct Run {
+        pub start: usize,
+        pub len: usize,
+        pub zero: bool,
+    }
+
+    /// The runs of `data` in `block`-byte blocks, in order, covering it
+    /// whole (a last partial block counts as a block).
+    pub fn runs(data: &[u8], block: usize) -> Vec<Run> {
+        let mut out: Vec<Run> = Vec::new();
+        for (i, b) in data.chunks(block).enumerate() {
+            // 64 bytes at a time: the inner fold vectorises, and a block of
+            // data usually stops the scan in its first few bytes.
+            let zero = b.chunks(64).all(|c| c.iter().fold(0u8, |a, &x| a | x) == 0);
+            match out.last_mut() {
+                Some(last) if last.zero == zero => last.len += b.len(),
+                _ => out.push(Run { start: i * block, len: b.len(), zero }),
+            }
+        }
+        out
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn runs_alternate_and_cover_the_buffer() {
+            let mut data = vec![0u8; 6 * 4];
+            data[4] = 1; // block 1
+            data[9] = 1; // block 2
+            data[23] = 1; // block 5
+            assert_eq!(
+                runs(&data, 4),
+                vec![
+                    Run { start: 0, len: 4, zero: true },
+                    Run { start: 4, len: 8, zero: false },
+                    Run { start: 12, len: 8, zero: true },
+                    Run { start: 20, len: 4, zero: false },
+                ]
+            );
+            assert_eq!(runs(&[0; 8], 4), vec![Run { start: 0, len: 8, zero: true }]);
+            assert_eq!(runs(&[], 4), vec![]);
         }
     }
 }

@@ -3,15 +3,19 @@
 //! ([`status`] / [`io_status`]); a bad request is answered with an error and
 //! the replica keeps serving.
 
+use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use ironhorn_proto::batch::Batches;
+use ironhorn_proto::replica::replica_client::ReplicaClient;
 use ironhorn_proto::replica::replica_server::{Replica, ReplicaServer};
 use ironhorn_proto::replica::*;
 use tokio::sync::{Semaphore, mpsc};
 use tokio_stream::Stream;
+use tonic::transport::Channel;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::format::{BLOCK_SIZE, FlushStamp};
@@ -22,13 +26,20 @@ pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
 /// Requests of one stream being worked on at once; more wait in the stream.
 const IN_FLIGHT_PER_STREAM: usize = 256;
 
+/// How long a `CopyFrom` waits for its source when the request names no
+/// timeout.
+const COPY_SOURCE_TIMEOUT: Duration = Duration::from_secs(30);
+
 pub struct ReplicaService {
     store: Arc<Store>,
+    /// Clients of the replicas `CopyFrom` has read from, by address (one
+    /// HTTP/2 connection each, made on first use and kept).
+    peers: std::sync::Mutex<HashMap<String, ReplicaClient<Channel>>>,
 }
 
 impl ReplicaService {
     pub fn new(store: Arc<Store>) -> ReplicaServer<Self> {
-        ReplicaServer::new(Self { store })
+        ReplicaServer::new(Self { store, peers: Default::default() })
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES)
     }
@@ -61,6 +72,17 @@ fn io_status(e: &StoreError) -> IoStatus {
         StoreError::Checksum { .. } => IoStatus::DataLoss,
         StoreError::Io { .. } | StoreError::Corrupt(_) => IoStatus::IoError,
         StoreError::Failed(_) | StoreError::NotAStore(_) => IoStatus::Unavailable,
+    }
+}
+
+/// How a source replica's answer to a `CopyFrom` read failed, for the
+/// engine: a bad block there (it can read that range from another copy),
+/// a refused request, or anything else.
+fn source_status(e: &Status) -> IoStatus {
+    match e.code() {
+        tonic::Code::DataLoss => IoStatus::DataLoss,
+        tonic::Code::InvalidArgument | tonic::Code::NotFound => IoStatus::InvalidArgument,
+        _ => IoStatus::Unavailable,
     }
 }
 
@@ -306,6 +328,10 @@ impl Replica for ReplicaService {
         }))
     }
 
+    async fn copy_from(&self, request: Request<CopyFromRequest>) -> Result<Response<CopyFromResponse>, Status> {
+        self.copy_from_impl(request.into_inner()).await.map(Response::new)
+    }
+
     async fn write_layer(&self, request: Request<WriteLayerRequest>) -> Result<Response<WriteLayerResponse>, Status> {
         let r = request.into_inner();
         if r.zero {
@@ -318,6 +344,66 @@ impl Replica for ReplicaService {
 }
 
 impl ReplicaService {
+    /// The client for the replica at `address`, connecting lazily.
+    fn peer(&self, address: &str, timeout: Duration) -> Result<ReplicaClient<Channel>, Status> {
+        let mut peers = self.peers.lock().expect("peers");
+        if let Some(client) = peers.get(address) {
+            return Ok(client.clone());
+        }
+        let endpoint = ironhorn_proto::batch::replica_endpoint(address, timeout)
+            .map_err(|e| Status::invalid_argument(format!("source replica address {address:?}: {e}")))?;
+        let client = ReplicaClient::new(endpoint.connect_lazy())
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES);
+        peers.insert(address.to_string(), client.clone());
+        Ok(client)
+    }
+
+    async fn copy_from_impl(&self, r: CopyFromRequest) -> Result<CopyFromResponse, Status> {
+        if r.length == 0 || r.length > MAX_MESSAGE_BYTES as u64 / 2 {
+            return Err(Status::invalid_argument(format!(
+                "copy of {} bytes: must be more than 0 and fit one message",
+                r.length
+            )));
+        }
+        // A fenced or unknown target learns so before the source reads.
+        self.store.check_layer_write(r.epoch, &r.layer, r.offset, r.length).map_err(status)?;
+        let timeout = match r.timeout_ms {
+            0 => COPY_SOURCE_TIMEOUT,
+            ms => Duration::from_millis(ms.into()),
+        };
+        let mut client = self.peer(&r.source, timeout)?;
+        let read = ReadLayerRequest { layer: r.layer.clone(), offset: r.offset, length: r.length, merged: true };
+        let source_failed = |status: IoStatus, message: String| CopyFromResponse {
+            copied_bytes: 0,
+            source_status: status as i32,
+            source_message: format!("source replica {}: {message}", r.source),
+        };
+        let data = match tokio::time::timeout(timeout, client.read_layer(read)).await {
+            Err(_) => return Ok(source_failed(IoStatus::Unavailable, format!("no answer within {timeout:?}"))),
+            Ok(Err(e)) => return Ok(source_failed(source_status(&e), e.message().to_string())),
+            Ok(Ok(response)) => response.into_inner().data,
+        };
+        if data.len() as u64 != r.length {
+            let message = format!("{} bytes read, {} asked", data.len(), r.length);
+            return Ok(source_failed(IoStatus::IoError, message));
+        }
+        let mut copied = 0;
+        for run in ironhorn_proto::blocks::runs(&data, BLOCK_SIZE as usize) {
+            let at = r.offset + run.start as u64;
+            if run.zero {
+                self.store.zero_layer(r.epoch, &r.layer, at, run.len as u64).await.map_err(status)?;
+            } else {
+                self.store
+                    .write_layer(r.epoch, &r.layer, at, &data[run.start..run.start + run.len])
+                    .await
+                    .map_err(status)?;
+                copied += run.len as u64;
+            }
+        }
+        Ok(CopyFromResponse { copied_bytes: copied, source_status: IoStatus::Ok as i32, source_message: String::new() })
+    }
+
     async fn layer_insert_impl(&self, r: LayerInsertRequest) -> Result<SnapshotListResponse, Status> {
         self.store.layer_insert(r.epoch, &r.name, &r.below).await.map_err(status)?;
         Ok(self.list())

@@ -6,7 +6,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use ironhorn_proto::replica::{ExpandRequest, InfoRequest, IoOp, IoRequest, SnapshotDeleteRequest};
+use ironhorn_proto::replica::faults_client::FaultsClient;
+use ironhorn_proto::replica::{
+    CopyFromRequest, ExpandRequest, FlipBitsRequest, InfoRequest, IoOp, IoRequest, IoStatus, SetEpochRequest,
+    SnapshotDeleteRequest,
+};
 use ironhorn_tests::*;
 
 const VOLUME: &str = "64MiB";
@@ -451,6 +455,92 @@ fn bad_requests_get_errors_and_the_replica_keeps_serving() {
         });
         r
     };
+}
+
+/// A rebuild's direct copy (`CopyFrom`): the target reads a range from the
+/// source replica and writes it, zero blocks as marks, and then reads the
+/// same bytes. A source that cannot serve the range (unreachable, a block
+/// failing its checksum there) is answered apart from the target's own
+/// errors, with nothing written; bad requests (empty, unaligned, unknown
+/// layer, an older epoch) are refused before the source is asked, and the
+/// target keeps serving.
+#[test]
+fn copy_from_moves_a_range_between_replicas_and_tells_source_failures_apart() {
+    let dir = TempDir::new("copyfrom");
+    let blocks: u64 = 16;
+    let (source, target) = (
+        start_replica(
+            "source",
+            &format!("file:{}", dir.path().join("s.img").display()),
+            "16MiB",
+            dir.path(),
+            &["--fault-injection"],
+        )
+        .unwrap(),
+        start_replica("target", &format!("file:{}", dir.path().join("t.img").display()), "16MiB", dir.path(), &[])
+            .unwrap(),
+    );
+    runtime().block_on(async {
+        let mut src = connect(&source.address).await;
+        let s = DataStream::open(&mut src).await;
+        // Blocks 3 and 9..12 stay zero: they travel as marks.
+        for b in (0..blocks).filter(|b| *b != 3 && !(9..12).contains(b)) {
+            s.write(b * BLOCK as u64, pattern(b, 5), EPOCH).await.unwrap();
+        }
+        s.flush(EPOCH).await.unwrap();
+        let mut t = connect(&target.address).await;
+        let ts = DataStream::open(&mut t).await;
+        // The target holds other data in the range first.
+        for b in 0..blocks {
+            ts.write(b * BLOCK as u64, pattern(b, 1), EPOCH).await.unwrap();
+        }
+        let copy = |source: &str, layer: &str, offset: u64, length: u64, epoch: u64| CopyFromRequest {
+            source: source.to_string(),
+            layer: layer.to_string(),
+            offset,
+            length,
+            epoch,
+            timeout_ms: 2000,
+        };
+        let length = blocks * BLOCK as u64;
+        let done = t.copy_from(copy(&source.address, "", 0, length, EPOCH)).await.unwrap().into_inner();
+        assert_eq!(done.source_status, IoStatus::Ok as i32, "{}", done.source_message);
+        assert_eq!(done.copied_bytes, (blocks - 4) * BLOCK as u64, "zero blocks are marks, not data");
+        let (want, got) = (s.read(0, length, EPOCH).await.unwrap(), ts.read(0, length, EPOCH).await.unwrap());
+        assert!(want == got, "the target reads what the source holds");
+        assert_eq!(version_of(3, &got[3 * BLOCK..4 * BLOCK]), Some(0), "a zero run overwrote old data");
+
+        // Source failures: an address nobody serves, then a bad block.
+        ts.write(0, pattern(0, 9), EPOCH).await.unwrap();
+        let gone = t.copy_from(copy("127.0.0.1:1", "", 0, length, EPOCH)).await.unwrap().into_inner();
+        assert_eq!(gone.source_status, IoStatus::Unavailable as i32, "{}", gone.source_message);
+        assert!(gone.source_message.contains("127.0.0.1:1"), "{}", gone.source_message);
+        let mut faults = FaultsClient::connect(format!("http://{}", source.address)).await.unwrap();
+        let flip = FlipBitsRequest { blocks: 1, seed: 7, offset: 0, length: BLOCK as u64, sealed_only: false };
+        assert_eq!(faults.flip_bits(flip).await.unwrap().into_inner().flipped.len(), 1);
+        let bad = t.copy_from(copy(&source.address, "", 0, length, EPOCH)).await.unwrap().into_inner();
+        assert_eq!(bad.source_status, IoStatus::DataLoss as i32, "{}", bad.source_message);
+        assert_eq!(bad.copied_bytes, 0);
+        let block0 = ts.read(0, BLOCK as u64, EPOCH).await.unwrap();
+        assert_eq!(version_of(0, &block0), Some(9), "nothing was written for a failed source");
+
+        // Refused by the target itself.
+        for (request, code) in [
+            (copy(&source.address, "", 0, 0, EPOCH), tonic::Code::InvalidArgument),
+            (copy(&source.address, "", 100, length, EPOCH), tonic::Code::InvalidArgument),
+            (copy(&source.address, "", 16 << 20, length, EPOCH), tonic::Code::InvalidArgument),
+            (copy(&source.address, "no-such-snapshot", 0, length, EPOCH), tonic::Code::NotFound),
+            (copy("not an address", "", 0, length, EPOCH), tonic::Code::InvalidArgument),
+        ] {
+            let e = t.copy_from(request.clone()).await.unwrap_err();
+            assert_eq!(e.code(), code, "{request:?}: {e}");
+        }
+        t.set_epoch(SetEpochRequest { epoch: EPOCH + 1 }).await.unwrap();
+        let fenced = t.copy_from(copy(&source.address, "", 0, length, EPOCH)).await.unwrap_err();
+        assert_eq!(fenced.code(), tonic::Code::FailedPrecondition, "{fenced}");
+        let block0 = ts.read(0, BLOCK as u64, EPOCH + 1).await.unwrap();
+        assert_eq!(version_of(0, &block0), Some(9), "the target still serves, unchanged");
+    });
 }
 
 /// Random Io requests, many in flight at once: op numbers in and out of the

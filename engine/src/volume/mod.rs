@@ -26,9 +26,9 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 use futures_util::future::join_all;
 use ironhorn_proto::replica::{
-    ChecksumsRequest, ExpandRequest, ExtentsRequest, InfoRequest, InfoResponse, IoOp, IoRequest, LayerInsertRequest,
-    ReadLayerRequest, SetEpochRequest, SnapshotCreateRequest, SnapshotDeleteRequest, SnapshotListRequest,
-    SnapshotRevertRequest, WithdrawStampRequest, WriteLayerRequest,
+    ChecksumsRequest, CopyFromRequest, ExpandRequest, ExtentsRequest, InfoRequest, InfoResponse, IoOp, IoRequest,
+    IoStatus, LayerInsertRequest, ReadLayerRequest, SetEpochRequest, SnapshotCreateRequest, SnapshotDeleteRequest,
+    SnapshotListRequest, SnapshotRevertRequest, WithdrawStampRequest, WriteLayerRequest,
 };
 use serde::Serialize;
 use thiserror::Error;
@@ -36,7 +36,7 @@ use thiserror::Error;
 use crate::election::{self, Candidate};
 use crate::limit::{Limiter, Limits};
 use crate::metrics;
-use crate::replica_conn::{ReplicaConn, ReplicaError, unary};
+use crate::replica_conn::{ReplicaConn, ReplicaError, status_error, unary};
 
 mod admin;
 mod bookkeeping;

@@ -199,6 +199,7 @@ impl Volume {
         let _window = CloseWindow(&self.join_window);
         let mut join = snapshot.to_string();
         let started = std::time::Instant::now();
+        let direct = AtomicBool::new(true);
         for (layer, wanted) in &plan {
             let current = |join: &str| if layer == snapshot { join.to_string() } else { layer.clone() };
             for batch in wanted.chunks(CHECKSUM_BATCH_CHUNKS as usize) {
@@ -217,6 +218,10 @@ impl Volume {
                 // with none in flight.
                 let mut pending = differing.into_iter();
                 let mut copies = futures_util::stream::FuturesUnordered::new();
+                // The target's progress is made durable while the copy goes
+                // on, one flush at a time (waiting for each emptied the
+                // pipeline every FLUSH_EVERY_CHUNKS chunks).
+                let mut flushes = futures_util::stream::FuturesUnordered::new();
                 let mut done = 0;
                 let mut account = |copied: Result<u64>, status: &mut RebuildStatus| -> Result<bool> {
                     status.copied_bytes += copied?;
@@ -230,6 +235,9 @@ impl Volume {
                             if account(copied, status)? {
                                 self.flush_target(target).await?;
                             }
+                        }
+                        while let Some(flushed) = flushes.next().await {
+                            flushed?;
                         }
                         if let Some(moved) = self.move_join(source, target, &join).await? {
                             join = moved;
@@ -252,7 +260,8 @@ impl Volume {
                         while copies.len() < REBUILD_CHUNKS_IN_FLIGHT {
                             let Some(chunk) = pending.next() else { break };
                             let layer = current(&join);
-                            copies.push(async move { self.copy_chunk(source, target, &layer, chunk).await });
+                            let direct = &direct;
+                            copies.push(async move { self.copy_chunk(source, target, &layer, chunk, direct).await });
                         }
                     }
                     if copies.is_empty() {
@@ -261,11 +270,18 @@ impl Volume {
                     tokio::select! {
                         copied = copies.next() => {
                             if let Some(copied) = copied && account(copied, status)? {
-                                self.flush_target(target).await?;
+                                while let Some(flushed) = flushes.next().await {
+                                    flushed?;
+                                }
+                                flushes.push(self.flush_target(target));
                             }
                         }
+                        Some(flushed) = flushes.next(), if !flushes.is_empty() => flushed?,
                         () = self.join_window.move_wanted() => {}
                     }
+                }
+                while let Some(flushed) = flushes.next().await {
+                    flushed?;
                 }
                 self.flush_target(target).await?;
                 self.record_rebuild(status.clone());
@@ -411,47 +427,99 @@ impl Volume {
     }
 
     /// Copies one chunk of `layer`'s view from source to target; returns the
-    /// bytes moved (zero runs are sent as markers, not data).
-    pub(super) async fn copy_chunk(&self, source: &Replica, target: &Replica, layer: &str, chunk: u64) -> Result<u64> {
+    /// bytes moved (zero runs are sent as marks, not data). The target
+    /// fetches the chunk from the source itself (`CopyFrom`), so the data
+    /// crosses the network once and the engine only directs. The engine
+    /// moves the chunk itself when the source's side of that failed (a bad
+    /// block there is read from another copy, see `read_chunk_for_copy`),
+    /// and for the rest of the copy once the target turns out to predate
+    /// `CopyFrom` (`direct` is cleared).
+    pub(super) async fn copy_chunk(
+        &self,
+        source: &Replica,
+        target: &Replica,
+        layer: &str,
+        chunk: u64,
+        direct: &AtomicBool,
+    ) -> Result<u64> {
         let offset = chunk * CHUNK;
         let length = CHUNK.min(self.size() - offset);
+        if direct.load(Ordering::Relaxed) {
+            match self.copy_direct(source, target, layer, offset, length).await? {
+                Direct::Copied(bytes) => return Ok(bytes),
+                Direct::SourceFailed(message) => {
+                    tracing::warn!(replica = %target.address, offset, "direct copy failed at the source, relaying: {message}");
+                }
+                Direct::Unsupported => {
+                    tracing::info!(replica = %target.address, "the target has no CopyFrom; the engine relays the copy");
+                    direct.store(false, Ordering::Relaxed);
+                }
+            }
+        }
+        self.relay_chunk(source, target, layer, offset, length).await
+    }
+
+    /// Asks the target to copy `[offset, offset+length)` of `layer` from the
+    /// source. An error is the target's own failure.
+    async fn copy_direct(
+        &self,
+        source: &Replica,
+        target: &Replica,
+        layer: &str,
+        offset: u64,
+        length: u64,
+    ) -> Result<Direct> {
+        let request = CopyFromRequest {
+            source: source.address.clone(),
+            layer: layer.to_string(),
+            offset,
+            length,
+            epoch: self.epoch,
+            // Half the engine's wait: a silent source is reported by the
+            // target before the engine gives up on the target.
+            timeout_ms: u32::try_from((self.timeout / 2).as_millis()).unwrap_or(u32::MAX),
+        };
+        let mut client = target.conn.client();
+        let answer = match tokio::time::timeout(self.timeout, client.copy_from(request)).await {
+            Err(_) => Err(ReplicaError::Failed(format!("no answer within {:?}", self.timeout))),
+            Ok(Err(status)) if status.code() == tonic::Code::Unimplemented => return Ok(Direct::Unsupported),
+            Ok(Err(status)) => Err(status_error(status)),
+            Ok(Ok(answer)) => Ok(answer.into_inner()),
+        };
+        let answer = answer.map_err(|e| replica_error(&target.address, e))?;
+        Ok(match IoStatus::try_from(answer.source_status) {
+            Ok(IoStatus::Ok) => Direct::Copied(answer.copied_bytes),
+            _ => Direct::SourceFailed(answer.source_message),
+        })
+    }
+
+    /// Copies a range with the data passing through the engine: read from
+    /// the source (or, block by block, from other copies where the source
+    /// reads bad), written to the target run by run.
+    async fn relay_chunk(
+        &self,
+        source: &Replica,
+        target: &Replica,
+        layer: &str,
+        offset: u64,
+        length: u64,
+    ) -> Result<u64> {
         let data = self.read_chunk_for_copy(source, target, layer, offset, length).await?;
         let mut t = target.conn.client();
-        let blocks = (length / BLOCK) as usize;
-        let is_zero = |i: usize| data[i * BLOCK as usize..(i + 1) * BLOCK as usize].iter().all(|&b| b == 0);
         let mut copied = 0;
-        let mut i = 0;
-        while i < blocks {
-            let zero = is_zero(i);
-            let mut n = 1;
-            while i + n < blocks && is_zero(i + n) == zero {
-                n += 1;
-            }
-            let at = offset + i as u64 * BLOCK;
-            let len = n as u64 * BLOCK;
-            let request = if zero {
-                WriteLayerRequest {
-                    layer: layer.to_string(),
-                    offset: at,
-                    data: Bytes::new(),
-                    zero: true,
-                    length: len,
-                    epoch: self.epoch,
-                }
-            } else {
-                copied += len;
-                let bytes = data.slice(i * BLOCK as usize..(i + n) * BLOCK as usize);
-                WriteLayerRequest {
-                    layer: layer.to_string(),
-                    offset: at,
-                    data: bytes,
-                    zero: false,
-                    length: len,
-                    epoch: self.epoch,
-                }
+        for run in ironhorn_proto::blocks::runs(&data, BLOCK as usize) {
+            let request = WriteLayerRequest {
+                layer: layer.to_string(),
+                offset: offset + run.start as u64,
+                data: if run.zero { Bytes::new() } else { data.slice(run.start..run.start + run.len) },
+                zero: run.zero,
+                length: run.len as u64,
+                epoch: self.epoch,
             };
+            if !run.zero {
+                copied += run.len as u64;
+            }
             unary(self.timeout, t.write_layer(request)).await.map_err(|e| replica_error(&target.address, e))?;
-            i += n;
         }
         Ok(copied)
     }
@@ -529,6 +597,16 @@ impl Volume {
             }
         }
     }
+}
+
+/// How a copy the target was asked to make itself ended.
+enum Direct {
+    /// Done: this many data bytes written.
+    Copied(u64),
+    /// The target could not read the range from the source; nothing written.
+    SourceFailed(String),
+    /// The target has no `CopyFrom` (an older replica).
+    Unsupported,
 }
 
 /// Drops the join window's budget when the copy ends, however it ends.

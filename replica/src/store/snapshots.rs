@@ -169,6 +169,17 @@ impl Store {
         self.checkpoint_locked(false).await
     }
 
+    /// Whether a write of `length` bytes at `offset` into `layer` under
+    /// `epoch` would be refused for its epoch, range or layer; checked
+    /// before a rebuild's copy fetches the data (the write checks again).
+    pub fn check_layer_write(&self, epoch: u64, layer: &str, offset: u64, length: u64) -> Result<()> {
+        self.is_newer_epoch(epoch)?;
+        let meta = self.meta();
+        meta.check_usable()?;
+        self.check_range(&meta, offset, length)?;
+        meta.layer_index(layer).map(drop)
+    }
+
     /// Writes into any layer (a snapshot too): how rebuilds fill a replica.
     pub async fn write_layer(&self, epoch: u64, layer: &str, offset: u64, data: &[u8]) -> Result<()> {
         let started = self.start_write(epoch, layer, offset, data.len() as u64).await?;
