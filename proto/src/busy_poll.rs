@@ -39,9 +39,13 @@ pub const IN_FLIGHT_WINDOW: Duration = Duration::from_micros(500);
 pub const MAX_POLLED_DEPTH: usize = 2;
 
 /// Whether to go on polling, `quiet` after the last activity with
-/// `in_flight` requests outstanding, given the idle window.
-pub fn keep_polling(quiet: Duration, in_flight: usize, idle_window: Duration) -> bool {
-    if idle_window.is_zero() || in_flight > MAX_POLLED_DEPTH {
+/// `in_flight` requests outstanding, given the idle window. Never while
+/// `paced`: a request is being held to an I/O limit, so its client waits
+/// for the limit, not for a wake-up (a volume held to 2000 IOPS kept its
+/// replica polling through each disk write: 44 % of a core, against 10 %
+/// asleep, taken from the volumes beside it).
+pub fn keep_polling(quiet: Duration, in_flight: usize, idle_window: Duration, paced: bool) -> bool {
+    if idle_window.is_zero() || in_flight > MAX_POLLED_DEPTH || paced {
         return false;
     }
     let window = if in_flight > 0 { IN_FLIGHT_WINDOW.max(idle_window) } else { idle_window };
@@ -51,6 +55,8 @@ pub fn keep_polling(quiet: Duration, in_flight: usize, idle_window: Duration) ->
 struct Poller {
     activity: AtomicU64,
     in_flight: AtomicUsize,
+    /// Requests being held to an I/O limit (see [`Paced`]).
+    paced: AtomicUsize,
     /// Most requests in flight at once since the poller last slept.
     peak: AtomicUsize,
     polling: AtomicBool,
@@ -68,6 +74,7 @@ fn poller() -> &'static Poller {
         Poller {
             activity: AtomicU64::new(0),
             in_flight: AtomicUsize::new(0),
+            paced: AtomicUsize::new(0),
             peak: AtomicUsize::new(0),
             // Until `start`, nobody polls: claim the flag so `touch` never
             // wakes a task that does not exist.
@@ -107,6 +114,29 @@ impl Drop for InFlight {
     fn drop(&mut self) {
         poller().in_flight.fetch_sub(1, Ordering::Relaxed);
         touch();
+    }
+}
+
+/// Marks a request as held to an I/O limit while it lives: the process
+/// does not poll meanwhile (see [`keep_polling`]).
+pub struct Paced(());
+
+impl Paced {
+    pub fn new() -> Self {
+        poller().paced.fetch_add(1, Ordering::Relaxed);
+        Paced(())
+    }
+}
+
+impl Default for Paced {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for Paced {
+    fn drop(&mut self) {
+        poller().paced.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -154,7 +184,8 @@ pub fn start() {
                 // The deepest the queue was since the poller last slept:
                 // a burst at depth stops it before it takes any CPU.
                 let depth = p.peak.load(Ordering::Relaxed).max(p.in_flight.load(Ordering::Relaxed));
-                if !keep_polling(since.elapsed(), depth, p.idle_window) {
+                let paced = p.paced.load(Ordering::Relaxed) > 0;
+                if !keep_polling(since.elapsed(), depth, p.idle_window, paced) {
                     p.peak.store(p.in_flight.load(Ordering::Relaxed), Ordering::Relaxed);
                     p.polling.store(false, Ordering::Release);
                     // Activity between the last look and giving up the
@@ -182,21 +213,28 @@ mod tests {
     #[test]
     fn polls_longer_while_requests_are_in_flight() {
         let idle = Duration::from_micros(50);
-        assert!(keep_polling(Duration::from_micros(10), 0, idle));
-        assert!(!keep_polling(Duration::from_micros(60), 0, idle));
-        assert!(keep_polling(Duration::from_micros(60), 1, idle), "an answer is due");
-        assert!(!keep_polling(IN_FLIGHT_WINDOW, 1, idle), "a slow answer is waited for asleep");
+        assert!(keep_polling(Duration::from_micros(10), 0, idle, false));
+        assert!(!keep_polling(Duration::from_micros(60), 0, idle, false));
+        assert!(keep_polling(Duration::from_micros(60), 1, idle, false), "an answer is due");
+        assert!(!keep_polling(IN_FLIGHT_WINDOW, 1, idle, false), "a slow answer is waited for asleep");
+    }
+
+    #[test]
+    fn a_paced_process_does_not_poll() {
+        let idle = Duration::from_micros(50);
+        assert!(!keep_polling(Duration::ZERO, 1, idle, true));
+        assert!(!keep_polling(Duration::ZERO, 0, idle, true));
     }
 
     #[test]
     fn does_not_poll_at_depth() {
         let idle = Duration::from_micros(50);
-        assert!(keep_polling(Duration::ZERO, MAX_POLLED_DEPTH, idle));
-        assert!(!keep_polling(Duration::ZERO, MAX_POLLED_DEPTH + 1, idle));
+        assert!(keep_polling(Duration::ZERO, MAX_POLLED_DEPTH, idle, false));
+        assert!(!keep_polling(Duration::ZERO, MAX_POLLED_DEPTH + 1, idle, false));
     }
 
     #[test]
     fn a_zero_window_never_polls() {
-        assert!(!keep_polling(Duration::ZERO, 3, Duration::ZERO));
+        assert!(!keep_polling(Duration::ZERO, 3, Duration::ZERO, false));
     }
 }

@@ -218,11 +218,22 @@ impl Replica for ReplicaService {
                     let ordered = order(&store, req).await;
                     let store = store.clone();
                     let tx = tx.clone();
-                    ironhorn_proto::busy_poll::spawn_request(async move {
+                    let paced = match &ordered {
+                        Ordered::Write(req, _) | Ordered::Other(req) => req.paced,
+                        Ordered::Done(_) => false,
+                    };
+                    let serve = async move {
                         let response = complete(&store, ordered).await;
                         let _ = tx.send(response);
                         drop(permit);
-                    });
+                    };
+                    // A request the engine held to the volume's I/O limit is
+                    // not polled for (see `busy_poll::keep_polling`).
+                    if paced {
+                        tokio::spawn(serve);
+                    } else {
+                        ironhorn_proto::busy_poll::spawn_request(serve);
+                    }
                 }
             }
         });

@@ -378,7 +378,17 @@ impl DataStream {
     /// Sends one request; the returned receiver yields its response, or an
     /// error when the stream broke first.
     pub fn send(&self, op: IoOp, offset: u64, length: u64, data: Bytes, epoch: u64) -> oneshot::Receiver<IoResponse> {
-        let req = IoRequest { id: 0, op: op as i32, offset, length, data, epoch, fua: false, flush_sequence: 0 };
+        let req = IoRequest {
+            id: 0,
+            op: op as i32,
+            offset,
+            length,
+            data,
+            epoch,
+            fua: false,
+            flush_sequence: 0,
+            paced: false,
+        };
         self.send_request(req)
     }
 

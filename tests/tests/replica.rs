@@ -257,6 +257,7 @@ fn one_message_of_many_requests_is_applied_in_order() {
             epoch: EPOCH,
             fua: false,
             flush_sequence: 0,
+            paced: false,
         };
         // Block 7 written five times in one message; block 8 once, with a
         // request in between whose length does not match its data.
@@ -594,6 +595,7 @@ fn random_io_requests_are_each_answered_and_the_replica_keeps_serving() {
                     epoch: EPOCH,
                     fua: next() % 2 == 0,
                     flush_sequence: next() % 1000,
+                    paced: next() % 2 == 0,
                 };
                 answers.push(s.send_request(req));
             }

@@ -207,6 +207,9 @@ pub struct Volume {
     /// unlimited volume's requests never take the lock.
     limiter: Mutex<Limiter>,
     limited: AtomicBool,
+    /// The last request the limiter saw had to wait: the volume runs at its
+    /// limit, and its replica requests say so (`IoRequest.paced`).
+    paced: AtomicBool,
     /// Bytes written since a rebuild's join point, against the room its
     /// join snapshot may pin.
     join_window: join_window::JoinWindow,
@@ -214,7 +217,7 @@ pub struct Volume {
 
 /// A data request to a replica's stream (its id is set when enqueued).
 fn io_request(op: IoOp, offset: u64, length: u64, data: Bytes, epoch: u64, fua: bool) -> IoRequest {
-    IoRequest { id: 0, op: op as i32, offset, length, data, epoch, fua, flush_sequence: 0 }
+    IoRequest { id: 0, op: op as i32, offset, length, data, epoch, fua, flush_sequence: 0, paced: false }
 }
 
 pub fn now_unix_ms() -> u64 {
@@ -272,6 +275,7 @@ impl Volume {
             repairs,
             limiter: Mutex::new(Limiter::default()),
             limited: AtomicBool::new(false),
+            paced: AtomicBool::new(false),
             join_window: Default::default(),
         });
         volume.spawn_repairs(repair_jobs);
@@ -411,7 +415,11 @@ impl Volume {
             return;
         }
         let wait = self.limiter.lock().unwrap_or_else(|p| p.into_inner()).admit(bytes, Instant::now());
+        // While the limit holds requests back, neither this process nor
+        // the replicas poll for them (see `busy_poll::keep_polling`).
+        self.paced.store(!wait.is_zero(), Ordering::Relaxed);
         if !wait.is_zero() {
+            let _paced = ironhorn_proto::busy_poll::Paced::new();
             tokio::time::sleep(wait).await;
         }
     }
@@ -560,6 +568,7 @@ impl Volume {
                 .iter()
                 .map(|(r, mode)| {
                     let mut request = io_request(op, offset, length, data.clone(), self.epoch, fua);
+                    request.paced = self.paced.load(Ordering::Relaxed);
                     // Only a complete replica may claim the flush: a WO one
                     // (rebuilding) flushes without a stamp.
                     if *mode == Mode::RW {
@@ -729,7 +738,8 @@ impl Volume {
         let mut last_error = String::new();
         for i in 0..healthy.len() {
             let replica = &healthy[(start + i) % healthy.len()];
-            let request = io_request(IoOp::Read, offset, length, Bytes::new(), self.epoch, false);
+            let mut request = io_request(IoOp::Read, offset, length, Bytes::new(), self.epoch, false);
+            request.paced = self.paced.load(Ordering::Relaxed);
             match replica.conn.enqueue(request).wait().await {
                 Ok(data) if data.len() as u64 == length => return Ok(data),
                 Ok(data) => {
