@@ -676,32 +676,51 @@ fn rebuilding(ctx: &Ctx) -> Result<String, String> {
 }
 
 /// Kills a replica and waits until it is rebuilding. The other replicas'
-/// reads (only a rebuild reads: the workload writes) are slowed first, so
-/// the rebuild lasts long enough to be seen and hit.
-fn start_rebuild(ctx: &mut Ctx) -> Result<String, String> {
+/// reads (only a rebuild reads: the workload writes) are slowed first, each
+/// by 500 ms until cleared, so the rebuild lasts until the scenario has
+/// seen it and hit it: a rebuild copies a chunk straight from replica to
+/// replica in milliseconds, and one that finished between two looks at the
+/// replica modes was never seen (a fixed count of delayed reads sufficed
+/// while the engine relayed each chunk). Returns the rebuilding replica's
+/// name and the slowed replicas, for [`end_rebuild_delay`] once the fault
+/// is in.
+fn start_rebuild(ctx: &mut Ctx) -> Result<(String, Vec<Replica>), String> {
     let r = first_remote(ctx)?;
     let sources: Vec<Replica> = ctx.replicas().into_iter().filter(|o| o.name != r.name).collect();
     for s in &sources {
-        ctx.arm_fault(&s.address, &[FaultOp::Read], FaultAction::Delay, 200, 20)?;
+        ctx.arm_fault(&s.address, &[FaultOp::Read], FaultAction::Delay, 0, 500)?;
     }
     kill_replica(ctx, &r)?;
-    let target = rebuilding(ctx);
-    for s in &sources {
+    match rebuilding(ctx) {
+        Ok(target) => Ok((target, sources)),
+        Err(e) => {
+            end_rebuild_delay(ctx, &sources);
+            Err(e)
+        }
+    }
+}
+
+/// Clears the read delays `start_rebuild` armed.
+fn end_rebuild_delay(ctx: &Ctx, sources: &[Replica]) {
+    for s in sources {
         // A source killed meanwhile has no faults to clear.
         let _ = ctx.clear_faults(&s.address);
     }
-    target
 }
 
 fn kill_rebuilding_replica(ctx: &mut Ctx) -> Result<(), String> {
-    let target = start_rebuild(ctx)?;
-    let r = ctx.replicas().into_iter().find(|r| r.name == target).ok_or("the rebuilding replica vanished")?;
-    kill_replica(ctx, &r)?;
+    let (target, sources) = start_rebuild(ctx)?;
+    let killed = match ctx.replicas().into_iter().find(|r| r.name == target) {
+        Some(r) => kill_replica(ctx, &r),
+        None => Err("the rebuilding replica vanished".to_string()),
+    };
+    end_rebuild_delay(ctx, &sources);
+    killed?;
     ctx.in_flight(100).map(drop)
 }
 
 fn kill_rebuild_source(ctx: &mut Ctx) -> Result<(), String> {
-    let target = start_rebuild(ctx)?;
+    let (target, slowed) = start_rebuild(ctx)?;
     let modes = ctx.replica_modes();
     let sources: Vec<Replica> = ctx
         .replicas()
@@ -709,12 +728,14 @@ fn kill_rebuild_source(ctx: &mut Ctx) -> Result<(), String> {
         .filter(|r| r.name != target && modes.iter().any(|(n, m)| *n == r.name && m == "RW"))
         .collect();
     // The engine's own node's replica is kept: one RW is left to serve.
-    let source =
-        sources.iter().find(|r| r.node != ENGINE_NODE).or(sources.first()).ok_or("no RW replica to kill")?.clone();
-    if sources.len() < 2 {
-        return Err(format!("only {} RW replica(s) during the rebuild", sources.len()));
-    }
-    kill_replica(ctx, &source)?;
+    let source = sources.iter().find(|r| r.node != ENGINE_NODE).or(sources.first()).cloned();
+    let killed = match source {
+        _ if sources.len() < 2 => Err(format!("only {} RW replica(s) during the rebuild", sources.len())),
+        None => Err("no RW replica to kill".to_string()),
+        Some(source) => kill_replica(ctx, &source),
+    };
+    end_rebuild_delay(ctx, &slowed);
+    killed?;
     ctx.in_flight(100).map(drop)
 }
 
@@ -754,8 +775,9 @@ fn rebuild_under_rewrite(ctx: &mut Ctx) -> Result<(), String> {
 }
 
 fn manager_restart_during_rebuild(ctx: &mut Ctx) -> Result<(), String> {
-    start_rebuild(ctx)?;
+    let (_, slowed) = start_rebuild(ctx)?;
     ctx.cluster.kill9_up();
+    end_rebuild_delay(ctx, &slowed);
     ctx.in_flight(50)?;
     ctx.cluster.start_up();
     ctx.in_flight(100).map(drop)
