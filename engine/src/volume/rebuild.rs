@@ -447,8 +447,15 @@ impl Volume {
         if direct.load(Ordering::Relaxed) {
             match self.copy_direct(source, target, layer, offset, length).await? {
                 Direct::Copied(bytes) => return Ok(bytes),
-                Direct::SourceFailed(message) => {
-                    tracing::warn!(replica = %target.address, offset, "direct copy failed at the source, relaying: {message}");
+                Direct::SourceFailed(IoStatus::DataLoss, message) => {
+                    tracing::warn!(replica = %target.address, offset, "a bad block at the source; the engine copies the chunk: {message}");
+                }
+                Direct::SourceFailed(_, message) => {
+                    // The target cannot reach or read the source (a firewall
+                    // between the nodes, say): every chunk would wait for it,
+                    // so the engine relays the rest of the copy.
+                    tracing::warn!(replica = %target.address, offset, "the target cannot copy from the source; the engine relays the copy: {message}");
+                    direct.store(false, Ordering::Relaxed);
                 }
                 Direct::Unsupported => {
                     tracing::info!(replica = %target.address, "the target has no CopyFrom; the engine relays the copy");
@@ -489,7 +496,8 @@ impl Volume {
         let answer = answer.map_err(|e| replica_error(&target.address, e))?;
         Ok(match IoStatus::try_from(answer.source_status) {
             Ok(IoStatus::Ok) => Direct::Copied(answer.copied_bytes),
-            _ => Direct::SourceFailed(answer.source_message),
+            Ok(status) => Direct::SourceFailed(status, answer.source_message),
+            Err(_) => Direct::SourceFailed(IoStatus::Unavailable, answer.source_message),
         })
     }
 
@@ -604,7 +612,7 @@ enum Direct {
     /// Done: this many data bytes written.
     Copied(u64),
     /// The target could not read the range from the source; nothing written.
-    SourceFailed(String),
+    SourceFailed(IoStatus, String),
     /// The target has no `CopyFrom` (an older replica).
     Unsupported,
 }
