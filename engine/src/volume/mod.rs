@@ -234,6 +234,14 @@ fn replica_error(address: &str, e: ReplicaError) -> VolumeError {
 }
 
 impl Volume {
+    /// A request carrying a client's I/O: stamped with this engine's epoch
+    /// and marked paced while the volume's limiter holds clients back.
+    fn client_request(&self, op: IoOp, offset: u64, length: u64, data: Bytes, fua: bool) -> IoRequest {
+        let mut request = io_request(op, offset, length, data, self.epoch, fua);
+        request.paced = self.paced.load(Ordering::Relaxed);
+        request
+    }
+
     /// Connects to the replicas, raises their epoch, and decides who serves:
     /// the replica with the newest revision, and every replica whose data
     /// matches it; the rest are listed ERR and returned for rebuild.
@@ -567,8 +575,7 @@ impl Volume {
             let pending: Vec<_> = targets
                 .iter()
                 .map(|(r, mode)| {
-                    let mut request = io_request(op, offset, length, data.clone(), self.epoch, fua);
-                    request.paced = self.paced.load(Ordering::Relaxed);
+                    let mut request = self.client_request(op, offset, length, data.clone(), fua);
                     // Only a complete replica may claim the flush: a WO one
                     // (rebuilding) flushes without a stamp.
                     if *mode == Mode::RW {
@@ -738,8 +745,7 @@ impl Volume {
         let mut last_error = String::new();
         for i in 0..healthy.len() {
             let replica = &healthy[(start + i) % healthy.len()];
-            let mut request = io_request(IoOp::Read, offset, length, Bytes::new(), self.epoch, false);
-            request.paced = self.paced.load(Ordering::Relaxed);
+            let request = self.client_request(IoOp::Read, offset, length, Bytes::new(), false);
             match replica.conn.enqueue(request).wait().await {
                 Ok(data) if data.len() as u64 == length => return Ok(data),
                 Ok(data) => {

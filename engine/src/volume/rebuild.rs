@@ -236,9 +236,7 @@ impl Volume {
                                 self.flush_target(target).await?;
                             }
                         }
-                        while let Some(flushed) = flushes.next().await {
-                            flushed?;
-                        }
+                        drain(&mut flushes).await?;
                         if let Some(moved) = self.move_join(source, target, &join).await? {
                             join = moved;
                             status.join_moves += 1;
@@ -270,9 +268,7 @@ impl Volume {
                     tokio::select! {
                         copied = copies.next() => {
                             if let Some(copied) = copied && account(copied, status)? {
-                                while let Some(flushed) = flushes.next().await {
-                                    flushed?;
-                                }
+                                drain(&mut flushes).await?;
                                 flushes.push(self.flush_target(target));
                             }
                         }
@@ -280,9 +276,7 @@ impl Volume {
                         () = self.join_window.move_wanted() => {}
                     }
                 }
-                while let Some(flushed) = flushes.next().await {
-                    flushed?;
-                }
+                drain(&mut flushes).await?;
                 self.flush_target(target).await?;
                 self.record_rebuild(status.clone());
             }
@@ -443,9 +437,9 @@ impl Volume {
         direct: &AtomicBool,
     ) -> Result<u64> {
         let offset = chunk * CHUNK;
-        let length = CHUNK.min(self.size() - offset);
+        let range = CopyRange { source, target, layer, offset, length: CHUNK.min(self.size() - offset) };
         if direct.load(Ordering::Relaxed) {
-            match self.copy_direct(source, target, layer, offset, length).await? {
+            match self.copy_direct(&range).await? {
                 Direct::Copied(bytes) => return Ok(bytes),
                 Direct::SourceFailed(IoStatus::DataLoss, message) => {
                     tracing::warn!(replica = %target.address, offset, "a bad block at the source; the engine copies the chunk: {message}");
@@ -463,19 +457,13 @@ impl Volume {
                 }
             }
         }
-        self.relay_chunk(source, target, layer, offset, length).await
+        self.relay_chunk(&range).await
     }
 
     /// Asks the target to copy `[offset, offset+length)` of `layer` from the
     /// source. An error is the target's own failure.
-    async fn copy_direct(
-        &self,
-        source: &Replica,
-        target: &Replica,
-        layer: &str,
-        offset: u64,
-        length: u64,
-    ) -> Result<Direct> {
+    async fn copy_direct(&self, range: &CopyRange<'_>) -> Result<Direct> {
+        let CopyRange { source, target, layer, offset, length } = *range;
         let request = CopyFromRequest {
             source: source.address.clone(),
             layer: layer.to_string(),
@@ -504,15 +492,9 @@ impl Volume {
     /// Copies a range with the data passing through the engine: read from
     /// the source (or, block by block, from other copies where the source
     /// reads bad), written to the target run by run.
-    async fn relay_chunk(
-        &self,
-        source: &Replica,
-        target: &Replica,
-        layer: &str,
-        offset: u64,
-        length: u64,
-    ) -> Result<u64> {
-        let data = self.read_chunk_for_copy(source, target, layer, offset, length).await?;
+    async fn relay_chunk(&self, range: &CopyRange<'_>) -> Result<u64> {
+        let CopyRange { target, layer, offset, .. } = *range;
+        let data = self.read_chunk_for_copy(range).await?;
         let mut t = target.conn.client();
         let mut copied = 0;
         for run in ironhorn_proto::blocks::runs(&data, BLOCK as usize) {
@@ -539,14 +521,8 @@ impl Volume {
     /// layers read the same; the rebuild verifies the target's), and the
     /// source's range is queued for repair in place. Only a block no
     /// replica holds good fails the copy.
-    async fn read_chunk_for_copy(
-        &self,
-        source: &Replica,
-        target: &Replica,
-        layer: &str,
-        offset: u64,
-        length: u64,
-    ) -> Result<Bytes> {
+    async fn read_chunk_for_copy(&self, range: &CopyRange<'_>) -> Result<Bytes> {
+        let CopyRange { source, target, layer, offset, length } = *range;
         let read = |offset: u64, length: u64| {
             let request = ReadLayerRequest { layer: layer.to_string(), offset, length, merged: true };
             let mut client = source.conn.client();
@@ -605,6 +581,26 @@ impl Volume {
             }
         }
     }
+}
+
+/// One range of a layer a rebuild copies from source to target.
+#[derive(Clone, Copy)]
+struct CopyRange<'a> {
+    source: &'a Replica,
+    target: &'a Replica,
+    layer: &'a str,
+    offset: u64,
+    length: u64,
+}
+
+/// Waits for the target flushes in flight; the first failure is returned.
+async fn drain<F: std::future::Future<Output = Result<()>>>(
+    flushes: &mut futures_util::stream::FuturesUnordered<F>,
+) -> Result<()> {
+    while let Some(flushed) = flushes.next().await {
+        flushed?;
+    }
+    Ok(())
 }
 
 /// How a copy the target was asked to make itself ended.
