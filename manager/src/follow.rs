@@ -14,8 +14,9 @@ use crate::client::call;
 use crate::crd::{Engine, Volume};
 use crate::watch::{self, View};
 
-/// How often the API is asked.
-pub const POLL: Duration = Duration::from_millis(500);
+/// How often the API is asked (two small GETs; an attach takes well
+/// under a second, and its wait should not add half of one).
+pub const POLL: Duration = Duration::from_millis(200);
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Stream {

@@ -1,8 +1,9 @@
 //! The controllers: node, volume (with its engine and replicas) and instance
-//! manager. One loop reconciles everything, on every datastore change and on a
-//! timer; each pass reads a fresh snapshot (objects from the datastore,
-//! processes from every node's instance manager), decides, applies through
-//! [`Cluster`], then writes status. Nothing is assumed about why a pass ran,
+//! manager. One loop makes passes, on every datastore change and on a timer;
+//! each pass reads a fresh snapshot (objects from the datastore, processes
+//! from every node's instance manager), reconciles the nodes, and starts each
+//! volume that is due in a task of its own (see `queue`), which decides,
+//! applies through [`Cluster`], then writes status. Nothing is assumed about why a pass ran,
 //! so a manager killed at any point and started again simply carries on: the
 //! processes it started are found in the instance managers' lists and kept.
 //!
@@ -36,6 +37,7 @@ mod heal;
 mod nodes;
 mod placement;
 mod polls;
+mod queue;
 mod replicas;
 mod restore;
 mod scrub;
@@ -157,6 +159,16 @@ impl Snapshot {
     fn replicas_of(&self, volume: &str) -> Vec<&Replica> {
         self.replicas.iter().filter(|r| r.spec.volume_name == volume).collect()
     }
+
+    /// Whether some process is starting or stopping: its next state is
+    /// worth a look soon (an engine's Running is what an attach waits for).
+    fn in_transition(&self) -> bool {
+        self.instances
+            .values()
+            .flatten()
+            .flatten()
+            .any(|i| matches!(InstanceState::try_from(i.state), Ok(InstanceState::Starting | InstanceState::Stopping)))
+    }
 }
 
 #[derive(Clone)]
@@ -177,6 +189,15 @@ pub struct Controller<D: Datastore, C: Cluster> {
     /// Asks for another pass at once (a step changed objects no watch
     /// reports, and the next step needs a fresh snapshot).
     again: Arc<tokio::sync::Notify>,
+    /// Volumes being reconciled, each in a task of its own (see `queue`).
+    queue: Arc<queue::Queue>,
+    /// Volume reconciles at work at once (a slow one gives its slot up).
+    slots: Arc<tokio::sync::Semaphore>,
+    /// The newest pass's snapshot: a volume's task that waited for a slot
+    /// decides on it.
+    latest: Arc<Mutex<Option<Arc<Snapshot>>>>,
+    /// A pass is already asked for in `LOOK_AGAIN`.
+    looking_again: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Reconcile passes this process has made and the time they took, for the
@@ -209,8 +230,21 @@ const VIEW_STALE_LIMIT: Duration = Duration::from_secs(30);
 
 type Outcome = Result<(), String>;
 
-/// Volumes reconciled at once in a pass.
+/// Volume reconciles at work at once.
 const VOLUMES_AT_ONCE: usize = 8;
+
+/// How long a volume's reconcile holds its slot: one that takes longer (a
+/// call waiting for its timeout) goes on without one.
+const SLOT_HOLD: Duration = Duration::from_secs(1);
+
+/// How soon a pass looks again at processes on their way up or down (no
+/// watch reports an instance manager's processes).
+const LOOK_AGAIN: Duration = Duration::from_millis(150);
+
+/// The least time between the starts of two passes: volume tasks change
+/// objects as they go, and each change would otherwise start a pass (every
+/// node asked, every object listed).
+const PASS_GAP: Duration = Duration::from_millis(100);
 
 /// The version of a volume its backoff is kept for.
 fn version(volume: &Volume) -> backoff::Version {
@@ -232,6 +266,10 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
             polls: Arc::default(),
             backoff: Arc::default(),
             again: Arc::default(),
+            queue: Arc::default(),
+            slots: Arc::new(tokio::sync::Semaphore::new(VOLUMES_AT_ONCE)),
+            latest: Arc::default(),
+            looking_again: Arc::default(),
         }
     }
 
@@ -248,6 +286,7 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
         let mut nodes = self.store.watch::<Node>().await.ok();
         let mut stop = std::pin::pin!(stop);
         loop {
+            let started = tokio::time::Instant::now();
             if !self.gate.is_leader() {
                 tracing::debug!("not the leader: no reconcile");
             } else if let Err(e) = self.reconcile_all().await {
@@ -274,6 +313,7 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
                     if let Some(n) = &mut nodes { while n.try_recv().is_ok() {} }
                 }
             }
+            tokio::time::sleep_until(started + PASS_GAP).await;
         }
     }
 
@@ -377,6 +417,19 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
         }
     }
 
+    /// Asks for a pass in `LOOK_AGAIN` (once, however many ask meanwhile).
+    fn look_again_soon(&self) {
+        if self.looking_again.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let (looking, again) = (self.looking_again.clone(), self.again.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(LOOK_AGAIN).await;
+            looking.store(false, Ordering::SeqCst);
+            again.notify_one();
+        });
+    }
+
     pub async fn reconcile_all(&self) -> Outcome {
         let started = std::time::Instant::now();
         let outcome = self.reconcile_pass().await;
@@ -385,7 +438,12 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
     }
 
     async fn reconcile_pass(&self) -> Outcome {
-        let snapshot = self.snapshot().await?;
+        let number = self.queue.snapshot_begins();
+        let snapshot = Arc::new(self.snapshot().await?);
+        *self.latest.lock().expect("latest snapshot") = Some(snapshot.clone());
+        if snapshot.in_transition() {
+            self.look_again_soon();
+        }
         for node in &snapshot.nodes {
             if !self.gate.is_leader() {
                 return Err("no longer the leader: pass abandoned".into());
@@ -394,33 +452,52 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
                 tracing::warn!(node = %node.name_any(), error = %e, "node reconcile failed");
             }
         }
-        // Each volume on its own, several at once: one whose reconcile waits
-        // on a slow call holds a slot, not the pass; one that keeps failing
-        // backs off (see `backoff`).
+        // Each volume in a task of its own (see `queue`), not waited for:
+        // one whose reconcile waits on a slow call holds itself up, not the
+        // pass; one that keeps failing backs off (see `backoff`).
         let now = std::time::Instant::now();
-        self.backoff.retain(|v| snapshot.volumes.iter().any(|x| x.name_any() == v));
-        let due: Vec<&Volume> =
-            snapshot.volumes.iter().filter(|v| self.backoff.due(&v.name_any(), version(v), now)).collect();
-        let slots = tokio::sync::Semaphore::new(VOLUMES_AT_ONCE);
-        let outcomes = join_all(due.into_iter().map(|volume| self.reconcile_one(&snapshot, volume, &slots))).await;
-        outcomes.into_iter().collect::<Outcome>()?;
+        let exists = |v: &str| snapshot.volumes.iter().any(|x| x.name_any() == v);
+        self.backoff.retain(exists);
+        self.queue.retain(exists);
+        for volume in snapshot.volumes.iter().filter(|v| self.backoff.due(&v.name_any(), version(v), now)) {
+            let name = volume.name_any();
+            match self.queue.start(&name, number) {
+                queue::Start::Go => {
+                    let running = queue::Running { queue: self.queue.clone(), volume: name, again: self.again.clone() };
+                    tokio::spawn(self.clone().reconcile_one(running));
+                }
+                queue::Start::Later => {}
+                queue::Start::Again => self.again.notify_one(),
+            }
+        }
         Ok(())
     }
 
-    /// One volume's turn in a pass, once a slot is free; its outcome goes to
-    /// its backoff. Err only when this manager stopped leading.
-    async fn reconcile_one(&self, snapshot: &Snapshot, volume: &Volume, slots: &tokio::sync::Semaphore) -> Outcome {
-        let _slot = slots.acquire().await.map_err(|e| e.to_string())?;
+    /// One volume's reconcile, once a slot is free, on the newest snapshot
+    /// (it holds the volume's own last effects: its reconcile started from
+    /// an older one that did); its outcome goes to its backoff.
+    async fn reconcile_one(self, running: queue::Running) {
+        let slot = self.slots.clone().acquire_owned().await;
+        let snapshot = self.latest.lock().expect("latest snapshot").clone();
+        let (Ok(slot), Some(snapshot)) = (slot, snapshot) else { return };
+        let name = running.volume.clone();
+        let Some(volume) = snapshot.volumes.iter().find(|v| v.name_any() == name) else { return };
         if !self.gate.is_leader() {
-            return Err("no longer the leader: pass abandoned".into());
+            return;
         }
-        let name = volume.name_any();
-        let outcome = self.reconcile_volume(snapshot, volume).await;
+        let mut reconcile = std::pin::pin!(self.reconcile_volume(&snapshot, volume));
+        let outcome = tokio::select! {
+            outcome = &mut reconcile => outcome,
+            _ = tokio::time::sleep(SLOT_HOLD) => {
+                drop(slot);
+                reconcile.await
+            }
+        };
         if let Err(e) = &outcome {
             tracing::warn!(volume = %name, error = %e, "volume reconcile failed");
         }
         self.backoff.record(&name, outcome.is_err(), version(volume), std::time::Instant::now());
-        Ok(())
+        drop(running);
     }
 
     // ---------------------------------------------------------------- nodes
