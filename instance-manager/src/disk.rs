@@ -2,10 +2,15 @@
 //! (`lvm:VG`, size and free from `vgs`) or a directory (`file:DIR`, from
 //! statvfs), and the replica stores on each.
 
+use std::collections::HashMap;
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
+#[derive(Clone, Debug)]
 pub struct DiskStatus {
     pub total_bytes: u64,
     pub free_bytes: u64,
@@ -41,6 +46,50 @@ pub fn status(disk: &str) -> Result<DiskStatus, String> {
         return Ok(DiskStatus { total_bytes, free_bytes, stores, stores_bytes });
     }
     Err(format!("disk {disk:?}: expected lvm:VG or file:DIRECTORY"))
+}
+
+/// The longest an LVM disk's answer is reused.
+pub const CACHE_FOR: Duration = Duration::from_secs(5);
+
+/// Disk answers kept between the manager's polls. An LVM disk's status
+/// costs two LVM commands, each scanning devices under the volume group's
+/// lock (and so slowing every `lvcreate` beside it), and the manager asks
+/// on every pass. An answer is reused while nothing this instance manager
+/// runs has changed (a process started, became ready, exited or was
+/// deleted; a store was deleted: the moments its stores come and go) and
+/// for at most [`CACHE_FOR`], for changes made by hand. A directory is
+/// read afresh every time: it is cheap, and its stores grow as they are
+/// written.
+#[derive(Default)]
+pub struct StatusCache {
+    changes: AtomicU64,
+    answers: Mutex<HashMap<String, (u64, Instant, DiskStatus)>>,
+}
+
+impl StatusCache {
+    /// Something that may add or remove a store happened.
+    pub fn changed(&self) {
+        self.changes.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// `disk`'s status, from the cache when still good (blocking).
+    pub fn status(&self, disk: &str) -> Result<DiskStatus, String> {
+        if !disk.starts_with("lvm:") {
+            return status(disk);
+        }
+        // Read before asking: a change while LVM answers makes the answer
+        // stale at once.
+        let seen = self.changes.load(Ordering::SeqCst);
+        if let Some((changes, at, answer)) = self.answers.lock().expect("disk cache").get(disk)
+            && *changes == seen
+            && at.elapsed() < CACHE_FOR
+        {
+            return Ok(answer.clone());
+        }
+        let answer = status(disk)?;
+        self.answers.lock().expect("disk cache").insert(disk.to_string(), (seen, Instant::now(), answer.clone()));
+        Ok(answer)
+    }
 }
 
 fn statvfs(dir: &Path) -> Result<(u64, u64), String> {

@@ -204,6 +204,7 @@ pub struct InstanceManagerService {
     config: Arc<Config>,
     inner: Arc<Mutex<Inner>>,
     changes: broadcast::Sender<pb::Instance>,
+    disks: Arc<disk::StatusCache>,
 }
 
 impl InstanceManagerService {
@@ -239,7 +240,12 @@ impl InstanceManagerService {
             }
         }
         let (changes, _) = broadcast::channel(1024);
-        let service = Self { config: Arc::new(config), inner: Arc::new(Mutex::new(Inner { records })), changes };
+        let service = Self {
+            config: Arc::new(config),
+            inner: Arc::new(Mutex::new(Inner { records })),
+            changes,
+            disks: Arc::default(),
+        };
         for (name, pid) in adopted {
             tracing::info!(instance = %name, pid, "re-adopted running instance");
             let svc = service.clone();
@@ -275,6 +281,7 @@ impl InstanceManagerService {
 
     fn publish(&self, inner: &Inner, name: &str) {
         self.persist_locked(inner);
+        self.disks.changed();
         if let Some(record) = inner.records.get(name) {
             let _ = self.changes.send(record.to_proto());
         }
@@ -553,15 +560,15 @@ impl InstanceManagerService {
             && let Spec::Replica { store, .. } = &record.spec
         {
             let store = store.clone();
-            let removed = tokio::task::spawn_blocking(move || disk::delete_store(&store))
-                .await
-                .map_err(|e| Status::internal(e.to_string()))?;
-            removed.map_err(Status::internal)?;
+            let removed = tokio::task::spawn_blocking(move || disk::delete_store(&store)).await;
+            self.disks.changed();
+            removed.map_err(|e| Status::internal(e.to_string()))?.map_err(Status::internal)?;
         }
         inner.records.remove(&request.name);
         self.persist_locked(&inner);
         let mut gone = record.to_proto();
         gone.state = InstanceState::Stopped as i32;
+        self.disks.changed();
         let _ = self.changes.send(gone.clone());
         tracing::info!(instance = %request.name, remove_data = request.remove_data, "deleted");
         Ok(gone)
@@ -653,7 +660,8 @@ impl InstanceManager for InstanceManagerService {
         request: Request<pb::DiskStatusRequest>,
     ) -> Result<Response<pb::DiskStatusResponse>, Status> {
         let disk_name = request.into_inner().disk;
-        let status = tokio::task::spawn_blocking(move || disk::status(&disk_name))
+        let disks = self.disks.clone();
+        let status = tokio::task::spawn_blocking(move || disks.status(&disk_name))
             .await
             .map_err(|e| Status::internal(e.to_string()))?
             .map_err(Status::failed_precondition)?;
@@ -680,10 +688,9 @@ impl InstanceManager for InstanceManagerService {
                 return Err(Status::failed_precondition(format!("store {store} is in use by instance {}", user.name)));
             }
         }
-        tokio::task::spawn_blocking(move || disk::delete_store(&store))
-            .await
-            .map_err(|e| Status::internal(e.to_string()))?
-            .map_err(Status::internal)?;
+        let deleted = tokio::task::spawn_blocking(move || disk::delete_store(&store)).await;
+        self.disks.changed();
+        deleted.map_err(|e| Status::internal(e.to_string()))?.map_err(Status::internal)?;
         Ok(Response::new(pb::DeleteStoreResponse {}))
     }
 }

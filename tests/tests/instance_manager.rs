@@ -198,3 +198,53 @@ fn instances_are_supervised_not_restarted_and_survive_an_instance_manager_restar
         unsafe { libc::kill(pid as i32, libc::SIGTERM) };
     }
 }
+
+/// An LVM disk's status is cached between polls (two LVM commands each),
+/// but never past a change: a replica's store shows once the replica runs,
+/// is gone once the replica is deleted with its data, and an LV made by
+/// hand shows within the cache's 5 s.
+#[test]
+fn an_lvm_disk_status_follows_its_stores() {
+    let dir = TempDir::new("im-lvm");
+    let vg = VolumeGroup::new(dir.path(), 256 << 20);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mut im = start_im(dir.path(), "17500-17509");
+    rt.block_on(async {
+        let mut c = client(&im).await;
+        let disk = format!("lvm:{}", vg.name);
+        let status = |mut c: InstanceManagerClient<Channel>, disk: String| async move {
+            c.disk_status(DiskStatusRequest { disk }).await.expect("disk status").into_inner()
+        };
+        let before = status(c.clone(), disk.clone()).await;
+        assert!(before.stores.is_empty() && before.total_bytes > 0, "{before:?}");
+        assert_eq!(status(c.clone(), disk.clone()).await.free_bytes, before.free_bytes);
+
+        let store = format!("lvm:{}/r1", vg.name);
+        let request = CreateRequest {
+            name: "r1".into(),
+            spec: Some(create_request::Spec::Replica(ReplicaSpec { store: store.clone(), size_bytes: 16 << 20 })),
+        };
+        c.create(request).await.expect("create");
+        wait_state(&mut c, "r1", InstanceState::Running).await;
+        let with = status(c.clone(), disk.clone()).await;
+        assert_eq!(with.stores, vec![store.clone()], "the running replica's store is listed at once");
+        assert!(with.free_bytes < before.free_bytes, "{with:?}");
+
+        c.delete(DeleteRequest { name: "r1".into(), remove_data: true }).await.expect("delete");
+        let without = status(c.clone(), disk.clone()).await;
+        assert!(without.stores.is_empty(), "the deleted store is gone at once: {without:?}");
+        assert_eq!(without.free_bytes, before.free_bytes);
+
+        vg.create_lv("byhand", "8M");
+        let t = Instant::now();
+        loop {
+            let now = status(c.clone(), disk.clone()).await;
+            if now.stores.contains(&format!("lvm:{}/byhand", vg.name)) {
+                break;
+            }
+            assert!(t.elapsed() < Duration::from_secs(10), "an LV made by hand never showed: {now:?}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    });
+    assert_eq!(im.stop(Duration::from_secs(10)), Some(0));
+}
