@@ -56,6 +56,9 @@ pub const CHUNK: u64 = 1 << 20;
 /// Largest single read or write the volume takes.
 pub const MAX_IO_BYTES: u64 = 4 << 20;
 const REBUILD_PREFIX: &str = "ironhorn-rebuild-";
+
+/// The origin of the beat held requests wake on (see `limit::on_the_beat`).
+static BEAT_ORIGIN: std::sync::LazyLock<Instant> = std::sync::LazyLock::new(Instant::now);
 const CHECKSUM_BATCH_CHUNKS: u64 = 256;
 /// Copied chunks between flushes of a rebuild target: its durable
 /// progress, what a rebuild interrupted by the target's death keeps (the
@@ -422,13 +425,16 @@ impl Volume {
         if !self.limited.load(Ordering::Relaxed) {
             return;
         }
-        let wait = self.limiter.lock().unwrap_or_else(|p| p.into_inner()).admit(bytes, Instant::now());
+        let now = Instant::now();
+        let wait = self.limiter.lock().unwrap_or_else(|p| p.into_inner()).admit(bytes, now);
+        let wait = crate::limit::on_the_beat(now.saturating_duration_since(*BEAT_ORIGIN), wait);
         // While the limit holds requests back, neither this process nor
         // the replicas poll for them (see `busy_poll::keep_polling`).
         self.paced.store(!wait.is_zero(), Ordering::Relaxed);
         if !wait.is_zero() {
             let _paced = ironhorn_proto::busy_poll::Paced::new();
-            tokio::time::sleep(wait).await;
+            // The same instant for every request of a beat: one timer slot.
+            tokio::time::sleep_until((now + wait).into()).await;
         }
     }
 
