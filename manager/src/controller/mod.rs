@@ -289,7 +289,7 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
             let started = tokio::time::Instant::now();
             if !self.gate.is_leader() {
                 tracing::debug!("not the leader: no reconcile");
-            } else if let Err(e) = self.reconcile_all().await {
+            } else if let Err(e) = self.pass().await {
                 tracing::warn!(error = %e, "reconcile pass failed");
             }
             let changed = async {
@@ -430,14 +430,23 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
         });
     }
 
+    /// One pass, then waits for the volume reconciles it started (for a
+    /// caller that looks at the outcome next, as tests do).
     pub async fn reconcile_all(&self) -> Outcome {
+        let started = self.pass().await?;
+        join_all(started).await;
+        Ok(())
+    }
+
+    /// One pass; the volume reconciles it started go on without it.
+    async fn pass(&self) -> Result<Vec<tokio::task::JoinHandle<()>>, String> {
         let started = std::time::Instant::now();
         let outcome = self.reconcile_pass().await;
         PASSES.record(started.elapsed());
         outcome
     }
 
-    async fn reconcile_pass(&self) -> Outcome {
+    async fn reconcile_pass(&self) -> Result<Vec<tokio::task::JoinHandle<()>>, String> {
         let number = self.queue.snapshot_begins();
         let snapshot = Arc::new(self.snapshot().await?);
         *self.latest.lock().expect("latest snapshot") = Some(snapshot.clone());
@@ -459,18 +468,19 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
         let exists = |v: &str| snapshot.volumes.iter().any(|x| x.name_any() == v);
         self.backoff.retain(exists);
         self.queue.retain(exists);
+        let mut started = Vec::new();
         for volume in snapshot.volumes.iter().filter(|v| self.backoff.due(&v.name_any(), version(v), now)) {
             let name = volume.name_any();
             match self.queue.start(&name, number) {
                 queue::Start::Go => {
                     let running = queue::Running { queue: self.queue.clone(), volume: name, again: self.again.clone() };
-                    tokio::spawn(self.clone().reconcile_one(running));
+                    started.push(tokio::spawn(self.clone().reconcile_one(running)));
                 }
                 queue::Start::Later => {}
                 queue::Start::Again => self.again.notify_one(),
             }
         }
-        Ok(())
+        Ok(started)
     }
 
     /// One volume's reconcile, once a slot is free, on the newest snapshot
