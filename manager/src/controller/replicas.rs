@@ -30,7 +30,16 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
                 }
                 self.set_replica_state(&name, "error", "", &i.error_message).await
             }
-            Some(i) => self.set_replica_state(&name, state_name(i.state), &i.address, "").await,
+            Some(i) => {
+                // Written only when it changed (a read of every replica
+                // every pass was most of an idle pass's work).
+                let (state, address) = (state_name(i.state), i.address.as_str());
+                let status = replica.status.as_ref();
+                if status.is_some_and(|s| s.current_state == state && s.address == address && s.error.is_empty()) {
+                    return Ok(());
+                }
+                self.set_replica_state(&name, state, address, "").await
+            }
             None if failed => self.set_replica_state(&name, "stopped", "", "").await,
             None => {
                 let created = self.cluster.create_instance(im, replica_instance_request(replica)).await?;

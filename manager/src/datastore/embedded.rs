@@ -154,8 +154,9 @@ fn to_value<K: Object>(object: &K) -> Result<(String, Value)> {
     Ok((name, value))
 }
 
+/// Reads the stored JSON in place (no copy of the tree first).
 fn from_value<K: Object>(value: &Value) -> Result<K> {
-    serde_json::from_value(value.clone()).map_err(backend)
+    K::deserialize(value).map_err(backend)
 }
 
 /// The namespace embedded objects report (one machine has one).
