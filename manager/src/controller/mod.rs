@@ -196,8 +196,6 @@ pub struct Controller<D: Datastore, C: Cluster> {
     /// The newest pass's snapshot: a volume's task that waited for a slot
     /// decides on it.
     latest: Arc<Mutex<Option<Arc<Snapshot>>>>,
-    /// A pass is already asked for in `LOOK_AGAIN`.
-    looking_again: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Reconcile passes this process has made and the time they took, for the
@@ -269,7 +267,6 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
             queue: Arc::default(),
             slots: Arc::new(tokio::sync::Semaphore::new(VOLUMES_AT_ONCE)),
             latest: Arc::default(),
-            looking_again: Arc::default(),
         }
     }
 
@@ -292,6 +289,11 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
             } else if let Err(e) = self.pass().await {
                 tracing::warn!(error = %e, "reconcile pass failed");
             }
+            // A process on its way up or down: its next state is looked at
+            // soon, not at the resync.
+            let in_transition =
+                self.latest.lock().expect("latest snapshot").as_ref().is_some_and(|s| s.in_transition());
+            let wait = if in_transition { LOOK_AGAIN } else { resync };
             let changed = async {
                 match (&mut volumes, &mut nodes) {
                     (Some(v), Some(n)) => {
@@ -302,7 +304,7 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
             };
             tokio::select! {
                 _ = &mut stop => return,
-                _ = tokio::time::sleep(resync) => {}
+                _ = tokio::time::sleep(wait) => {}
                 // A node a pass stopped waiting for answered.
                 _ = self.polls.late_answer.notified() => {}
                 _ = self.again.notified() => {}
@@ -417,19 +419,6 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
         }
     }
 
-    /// Asks for a pass in `LOOK_AGAIN` (once, however many ask meanwhile).
-    fn look_again_soon(&self) {
-        if self.looking_again.swap(true, Ordering::SeqCst) {
-            return;
-        }
-        let (looking, again) = (self.looking_again.clone(), self.again.clone());
-        tokio::spawn(async move {
-            tokio::time::sleep(LOOK_AGAIN).await;
-            looking.store(false, Ordering::SeqCst);
-            again.notify_one();
-        });
-    }
-
     /// One pass, then waits for the volume reconciles it started (for a
     /// caller that looks at the outcome next, as tests do).
     pub async fn reconcile_all(&self) -> Outcome {
@@ -450,9 +439,6 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
         let number = self.queue.snapshot_begins();
         let snapshot = Arc::new(self.snapshot().await?);
         *self.latest.lock().expect("latest snapshot") = Some(snapshot.clone());
-        if snapshot.in_transition() {
-            self.look_again_soon();
-        }
         for node in &snapshot.nodes {
             if !self.gate.is_leader() {
                 return Err("no longer the leader: pass abandoned".into());
