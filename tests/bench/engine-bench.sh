@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Side-by-side benchmark, one run: fio io_uring on a raw file; nbdkit's file
 # plugin over NBD (the peer); ironhorn with 1 and 3 replicas over NBD;
-# ironhorn's block device. 4 KiB random read/write IOPS at iodepth 32 and
+# the 3-replica engine's block device. Each job runs on every target in
+# turn. 4 KiB random read/write IOPS at iodepth 32 and
 # QD1 write latency, as a table with ratios to raw and to nbdkit; then the
 # CPU that idle engine and replica processes use.
 #
@@ -14,19 +15,10 @@ BENCH=engine-bench TOOLS="fio nbdkit jq"
 source "$(dirname "$0")/common.sh"
 VOL=bench$$
 
-# measure TARGET-ARGS... : prints "randread_iops randwrite_iops qd1_write_lat_us qd1_read_lat_us"
 fio_job() { # rw iodepth target-args...
   local rw=$1 qd=$2; shift 2
   fio --name=b --rw="$rw" --bs=4k --iodepth="$qd" --runtime="$RUNTIME" --time_based --randrepeat=0 \
       --size="$SIZE" --output-format=json "$@" 2>/dev/null | sed -n '/^{/,$p'
-}
-measure() { # target-args...
-  local r w l lr
-  r=$(fio_job randread 32 "$@" | jq '.jobs[0].read.iops')
-  w=$(fio_job randwrite 32 "$@" | jq '.jobs[0].write.iops')
-  l=$(fio_job randwrite 1 "$@" | jq '.jobs[0].write.clat_ns.mean / 1000')
-  lr=$(fio_job randread 1 "$@" | jq '.jobs[0].read.clat_ns.mean / 1000')
-  printf '%.0f %.0f %.1f %.1f\n' "$r" "$w" "$l" "$lr"
 }
 
 start_replica() { # name; appends "--replica ADDRESS" to REPLICA_ARGS
@@ -43,38 +35,55 @@ start_engine() { # name epoch extra-args... (replica args included)
   wait_listen "$DIR/$name.out" >/dev/null
 }
 
-declare -A RESULT
-echo "running: raw file (fio io_uring, O_DIRECT)..." >&2
+# Every target is set up first; then each job runs on all of them back to
+# back, so a ratio compares runs a few seconds apart, not minutes (this
+# host's disk and CPU speed drift by tens of per cent over minutes). The 3
+# replica rows are one engine, over NBD and over its block device: the same
+# replicas, as aim 1 asks.
+declare -A TARGET
+echo "setting up: raw file, nbdkit, ironhorn with 1 and 3 replicas..." >&2
 fill --filename="$DIR/raw.img" --ioengine=io_uring --direct=1
-RESULT[raw]=$(measure --filename="$DIR/raw.img" --ioengine=io_uring --direct=1)
+TARGET[raw]="--filename=$DIR/raw.img --ioengine=io_uring --direct=1"
 
-echo "running: nbdkit file plugin over NBD..." >&2
 fill --filename="$DIR/nbdkit.img" --ioengine=io_uring --direct=1
 nbdkit --foreground --unix "$DIR/nbdkit.sock" --exit-with-parent file "$DIR/nbdkit.img" cache=none &
 PIDS+=($!)
 for _ in $(seq 1 100); do [ -S "$DIR/nbdkit.sock" ] && break; sleep 0.05; done
-RESULT[nbdkit]=$(measure --ioengine=nbd --uri="nbd+unix:///?socket=$DIR/nbdkit.sock")
+TARGET[nbdkit]="--ioengine=nbd --uri=nbd+unix:///?socket=$DIR/nbdkit.sock"
 
-echo "running: ironhorn, 1 replica, NBD..." >&2
 REPLICA_ARGS=()
 start_replica one-r0
 start_engine one "${REPLICA_ARGS[@]}"
-fill --ioengine=nbd --uri="nbd+unix:///${VOL}one?socket=$DIR/one.sock"
-RESULT[one]=$(measure --ioengine=nbd --uri="nbd+unix:///${VOL}one?socket=$DIR/one.sock")
+TARGET[one]="--ioengine=nbd --uri=nbd+unix:///${VOL}one?socket=$DIR/one.sock"
 
-echo "running: ironhorn, 3 replicas, NBD..." >&2
 REPLICA_ARGS=()
 for i in 0 1 2; do start_replica three-r$i; done
-start_engine three "${REPLICA_ARGS[@]}"
-fill --ioengine=nbd --uri="nbd+unix:///${VOL}three?socket=$DIR/three.sock"
-RESULT[three]=$(measure --ioengine=nbd --uri="nbd+unix:///${VOL}three?socket=$DIR/three.sock")
+start_engine three "${REPLICA_ARGS[@]}" --blockdev
+TARGET[three]="--ioengine=nbd --uri=nbd+unix:///${VOL}three?socket=$DIR/three.sock"
+TARGET[bd]="--filename=/dev/ironhorn/${VOL}three --ioengine=io_uring --direct=1"
+for key in one three; do
+  # shellcheck disable=SC2086
+  fill ${TARGET[$key]}
+done
 
-echo "running: ironhorn, 3 replicas, block device..." >&2
-REPLICA_ARGS=()
-for i in 0 1 2; do start_replica bd-r$i; done
-start_engine bd "${REPLICA_ARGS[@]}" --blockdev
-fill --filename="/dev/ironhorn/${VOL}bd" --ioengine=io_uring --direct=1
-RESULT[bd]=$(measure --filename="/dev/ironhorn/${VOL}bd" --ioengine=io_uring --direct=1)
+KEYS=(raw nbdkit one three bd)
+declare -A RR RW LW LR
+for job in "randread 32 RR read.iops" "randwrite 32 RW write.iops" \
+           "randwrite 1 LW write.clat_ns.mean/1000" "randread 1 LR read.clat_ns.mean/1000"; do
+  read -r rw qd into field <<<"$job"
+  echo "running: $rw, iodepth $qd, on each target..." >&2
+  for key in "${KEYS[@]}"; do
+    # shellcheck disable=SC2086
+    v=$(fio_job "$rw" "$qd" ${TARGET[$key]} | jq ".jobs[0].$field")
+    declare -n into_ref=$into
+    into_ref[$key]=$v
+    unset -n into_ref
+  done
+done
+declare -A RESULT
+for key in "${KEYS[@]}"; do
+  RESULT[$key]=$(printf '%.0f %.0f %.1f %.1f' "${RR[$key]}" "${RW[$key]}" "${LW[$key]}" "${LR[$key]}")
+done
 
 echo "measuring idle CPU of the ironhorn processes for 5 s..." >&2
 ticks() { local t=0; for p in "${PIDS[@]}"; do
