@@ -4,7 +4,8 @@
 # one at an IOPS limit; then its limit changed while it runs (the engine's
 # SetLimits); then a bandwidth limit at 64 KiB requests. Prints each
 # measured rate against its limit and the neighbour against its baseline
-# (the mean of its rate alone just before and just after),
+# (the mean of its rate alone just before and just after), and, for
+# comparison, the neighbour beside the same work paced by fio itself,
 # with a ✓ when the limit held within 5 % and the neighbour kept 90 % of its
 # rate.
 #
@@ -34,11 +35,13 @@ start_volume() { # name extra-engine-args...: an engine over one replica; its ad
   ENGINE=$(wait_listen "$DIR/$name.out")
 }
 target() { echo "--ioengine=nbd --uri=nbd+unix:///$VOL$1?socket=$DIR/$1.sock"; }
-# job NAME RW BS: fio in the background writing its JSON to DIR/NAME.json
+# job NAME RW BS VOLUME [FIO-ARGS...]: fio in the background writing its
+# JSON to DIR/NAME.json
 job() {
+  local name=$1 rw=$2 bs=$3 volume=$4; shift 4
   # shellcheck disable=SC2046
-  fio --name="$1" --rw="$2" --bs="$3" --iodepth=16 --runtime="$RUNTIME" --time_based --randrepeat=0 \
-      --size="$SIZE" --output-format=json $(target "$4") >"$DIR/$1.json" 2>/dev/null &
+  fio --name="$name" --rw="$rw" --bs="$bs" --iodepth=16 --runtime="$RUNTIME" --time_based --randrepeat=0 \
+      --size="$SIZE" --output-format=json $(target "$volume") "$@" >"$DIR/$name.json" 2>/dev/null &
 }
 iops() { sed -n '/^{/,$p' "$DIR/$1.json" | jq '.jobs[0].read.iops + .jobs[0].write.iops'; }
 bw() { sed -n '/^{/,$p' "$DIR/$1.json" | jq '(.jobs[0].read.bw_bytes + .jobs[0].write.bw_bytes)'; }
@@ -46,7 +49,8 @@ bw() { sed -n '/^{/,$p' "$DIR/$1.json" | jq '(.jobs[0].read.bw_bytes + .jobs[0].
 start_volume limited --iops-limit "$IOPS"
 limited_engine=$ENGINE
 start_volume neighbour
-for v in limited neighbour; do
+start_volume paced
+for v in limited neighbour paced; do
   # shellcheck disable=SC2046
   fill $(target $v)
 done
@@ -60,6 +64,12 @@ echo "running: both, the limited one at $IOPS IOPS..." >&2
 job lim randwrite 4k limited; a=$!; job nb randwrite 4k neighbour; b=$!; wait $a $b
 echo "running: the neighbour alone again..." >&2
 job alone_after randwrite 4k neighbour; wait $!
+# The same work without the engine's limit: a volume with none, its fio
+# pacing itself to the same rate. What the neighbour loses beside it is
+# the cost of the work itself; beyond that, the limiter's own.
+echo "running: both, the other one unlimited and fio pacing itself to $IOPS IOPS..." >&2
+job self randwrite 4k paced --rate_iops="$IOPS"; a=$!; job nb_self randwrite 4k neighbour; b=$!; wait $a $b
+job alone_self randwrite 4k neighbour; wait $!
 echo "running: the limit changed to $IOPS2 IOPS while it runs..." >&2
 "$BIN/ironhorn-engine" limits --engine "$limited_engine" --iops "$IOPS2" >/dev/null
 job lim2 randread 4k limited; wait $!
@@ -83,6 +93,9 @@ echo "| run | measured | limit / baseline | ratio | aim |"
 echo "|---|---:|---:|---:|:---:|"
 row "limited volume, 4 KiB randwrite, IOPS" "$(iops lim)" "$IOPS"
 neighbour "neighbour at the same time, IOPS" "$(iops nb)" "$(( ($(iops alone | cut -d. -f1) + $(iops alone_after | cut -d. -f1)) / 2 ))"
+self_base=$(( ($(iops alone_after | cut -d. -f1) + $(iops alone_self | cut -d. -f1)) / 2 ))
+awk -v m="$(iops nb_self)" -v a="$self_base" -v s="$(iops self)" \
+  'BEGIN { printf "| (neighbour beside fio pacing itself to the same rate, no limit: %.0f IOPS) | %.0f | %.0f (alone) | %.3f | |\n", s, m, a, m / a }'
 row "limit changed live, 4 KiB randread, IOPS" "$(iops lim2)" "$IOPS2"
 row "bandwidth limit, 64 KiB randread, bytes/s" "$(bw bw)" "$bw_limit"
 neighbour "neighbour at the same time, bytes/s" "$(bw nb2)" "$(( ($(bw alone2) + $(bw alone2_after)) / 2 ))"
