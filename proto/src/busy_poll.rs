@@ -15,6 +15,12 @@
 //! reactor with a zero timeout, so each turn of the loop is one
 //! `epoll_wait(0)` plus the tasks it made ready.
 //!
+//! Two rules keep the poller from taking CPU that others need: it gives
+//! its core away (`sched_yield`) after every empty turn, but not after a
+//! turn that ran other tasks (see [`busy_turn`]); and it does not poll
+//! at all while the machine has more threads runnable than cores (see
+//! [`may_poll`]).
+//!
 //! `IRONHORN_POLL_US=N` sets the window after the last request (default
 //! [`DEFAULT_IDLE_WINDOW`]); `0` turns polling off.
 
