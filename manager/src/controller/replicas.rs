@@ -7,14 +7,14 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
     pub(super) async fn reconcile_replica(&self, snapshot: &Snapshot, replica: &Replica) -> Outcome {
         let name = replica.name_any();
         let Some(node) = snapshot.node(&replica.spec.node_id) else {
-            return self.set_replica_state(&name, "unknown", "", "node not found").await;
+            return self.set_replica_state(replica, "unknown", "", "node not found").await;
         };
         if snapshot.unanswered.contains(&replica.spec.node_id) {
             // Its node has not answered yet: its state is left as it was.
             return Ok(());
         }
         if !snapshot.node_ready(&replica.spec.node_id) {
-            return self.set_replica_state(&name, "unknown", "", "node unreachable").await;
+            return self.set_replica_state(replica, "unknown", "", "node unreachable").await;
         }
         let im = &node.spec.instance_manager_address;
         let instance = snapshot.instance(&replica.spec.node_id, &name);
@@ -28,23 +28,14 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
                     let message = format!("replica {name} failed: its process {}", i.error_message);
                     events::record(&self.store, &replica.spec.volume_name, Warning, "ReplicaFailed", &message).await;
                 }
-                self.set_replica_state(&name, "error", "", &i.error_message).await
+                self.set_replica_state(replica, "error", "", &i.error_message).await
             }
-            Some(i) => {
-                // Written only when it changed (a read of every replica
-                // every pass was most of an idle pass's work).
-                let (state, address) = (state_name(i.state), i.address.as_str());
-                let status = replica.status.as_ref();
-                if status.is_some_and(|s| s.current_state == state && s.address == address && s.error.is_empty()) {
-                    return Ok(());
-                }
-                self.set_replica_state(&name, state, address, "").await
-            }
-            None if failed => self.set_replica_state(&name, "stopped", "", "").await,
+            Some(i) => self.set_replica_state(replica, state_name(i.state), &i.address, "").await,
+            None if failed => self.set_replica_state(replica, "stopped", "", "").await,
             None => {
                 let created = self.cluster.create_instance(im, replica_instance_request(replica)).await?;
                 tracing::info!(replica = %name, node = %replica.spec.node_id, store = %replica.spec.data_path, "replica started");
-                self.set_replica_state(&name, state_name(created.state), &created.address, "").await
+                self.set_replica_state(replica, state_name(created.state), &created.address, "").await
             }
         }
     }
@@ -93,10 +84,24 @@ impl<D: Datastore, C: Cluster> Controller<D, C> {
         Ok(())
     }
 
-    pub(super) async fn set_replica_state(&self, name: &str, state: &str, address: &str, error: &str) -> Outcome {
-        update_status::<Replica, D>(&self.store, name, |r| {
+    /// Writes a replica's state, address and error where they changed.
+    /// `replica` is the pass's snapshot of it: where that already says so,
+    /// the object is not even read (a read of every replica every pass was
+    /// most of an idle pass's work).
+    pub(super) async fn set_replica_state(
+        &self,
+        replica: &Replica,
+        state: &str,
+        address: &str,
+        error: &str,
+    ) -> Outcome {
+        let says = |s: &ReplicaStatus| s.current_state == state && s.address == address && s.error == error;
+        if replica.status.as_ref().is_some_and(says) {
+            return Ok(());
+        }
+        update_status::<Replica, D>(&self.store, &replica.name_any(), |r| {
             let s = r.status.get_or_insert_default();
-            let changed = s.current_state != state || s.address != address || s.error != error;
+            let changed = !says(s);
             s.current_state = state.to_string();
             s.address = address.to_string();
             s.error = error.to_string();
