@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 
-use crate::fuse::{self, Channel, Op, Request, abi};
+use crate::fuse::{self, Op, Reply, Request, abi};
 use crate::volume::{BLOCK, MAX_IO_BYTES, Volume, VolumeError};
 
 const ROOT: u64 = 1;
@@ -100,78 +100,76 @@ async fn write_range(
 impl VolumeFs {
     /// Answers one request: metadata at once, I/O from a task of its own
     /// (so the reader goes on to the next request).
-    fn handle(&self, request: Request, channel: &Channel) {
-        let (unique, ino) = (request.unique, request.nodeid);
+    fn handle(&self, request: Request, reply: Reply) {
+        let ino = request.nodeid;
         let size = self.volume.size();
         match request.op {
             Op::Lookup { name } if ino == ROOT && name == FILE_NAME.as_bytes() => {
-                channel.reply(unique, &abi::entry(&attr(FILE, size), TTL_SECS))
+                reply.ok(&abi::entry(&attr(FILE, size), TTL_SECS))
             }
-            Op::Lookup { .. } => channel.error(unique, libc::ENOENT),
-            Op::Getattr if ino == ROOT || ino == FILE => {
-                channel.reply(unique, &abi::attr_out(&attr(ino, size), TTL_SECS))
-            }
-            Op::Getattr => channel.error(unique, libc::ENOENT),
-            Op::Setattr { .. } if ino != FILE => channel.error(unique, libc::EPERM),
+            Op::Lookup { .. } => reply.error(libc::ENOENT),
+            Op::Getattr if ino == ROOT || ino == FILE => reply.ok(&abi::attr_out(&attr(ino, size), TTL_SECS)),
+            Op::Getattr => reply.error(libc::ENOENT),
+            Op::Setattr { .. } if ino != FILE => reply.error(libc::EPERM),
             // The file is as large as the volume; only a resize of the volume changes that.
-            Op::Setattr { size: Some(s) } if s != size => channel.error(unique, libc::EPERM),
-            Op::Setattr { .. } => channel.reply(unique, &abi::attr_out(&attr(FILE, size), TTL_SECS)),
+            Op::Setattr { size: Some(s) } if s != size => reply.error(libc::EPERM),
+            Op::Setattr { .. } => reply.ok(&abi::attr_out(&attr(FILE, size), TTL_SECS)),
             // No FUSE page cache: every read and write reaches the replicas.
             Op::Open if ino == FILE => {
-                channel.reply(unique, &abi::open_out(0, abi::FOPEN_DIRECT_IO | abi::FOPEN_PARALLEL_DIRECT_WRITES))
+                reply.ok(&abi::open_out(0, abi::FOPEN_DIRECT_IO | abi::FOPEN_PARALLEL_DIRECT_WRITES))
             }
-            Op::Open => channel.error(unique, libc::EISDIR),
-            Op::Opendir if ino == ROOT => channel.reply(unique, &abi::open_out(0, 0)),
-            Op::Opendir => channel.error(unique, libc::ENOTDIR),
+            Op::Open => reply.error(libc::EISDIR),
+            Op::Opendir if ino == ROOT => reply.ok(&abi::open_out(0, 0)),
+            Op::Opendir => reply.error(libc::ENOTDIR),
             Op::Readdir { offset, size: room } => {
                 let entries = [(ROOT, abi::DT_DIR, "."), (ROOT, abi::DT_DIR, ".."), (FILE, abi::DT_REG, FILE_NAME)];
-                channel.reply(unique, &abi::dirents(&entries, offset, room))
+                reply.ok(&abi::dirents(&entries, offset, room))
             }
-            Op::Release | Op::Releasedir => channel.reply(unique, &[]),
-            Op::Statfs => channel.reply(unique, &abi::statfs_out(size / BLOCK, BLOCK as u32, 1)),
-            Op::Read { .. } | Op::Write { .. } if ino != FILE => channel.error(unique, libc::EISDIR),
+            Op::Release | Op::Releasedir => reply.ok(&[]),
+            Op::Statfs => reply.ok(&abi::statfs_out(size / BLOCK, BLOCK as u32, 1)),
+            Op::Read { .. } | Op::Write { .. } if ino != FILE => reply.error(libc::EISDIR),
             Op::Read { offset, size: want } => {
                 let end = (offset + want as u64).min(size);
                 if offset >= end {
-                    return channel.reply(unique, &[]);
+                    return reply.ok(&[]);
                 }
-                let (volume, channel) = (self.volume.clone(), channel.clone());
+                let volume = self.volume.clone();
                 ironhorn_proto::busy_poll::spawn_request(async move {
                     match read_range(&volume, offset, end - offset).await {
-                        Ok(data) => channel.reply(unique, &data),
+                        Ok(data) => reply.ok(&data),
                         Err(e) => {
                             tracing::warn!(offset, size = want, error = %e, "blockdev read failed");
-                            channel.error(unique, errno(&e))
+                            reply.error(errno(&e))
                         }
                     }
                 });
             }
             Op::Write { offset, data } => {
                 if offset + data.len() as u64 > size {
-                    return channel.error(unique, libc::ENOSPC);
+                    return reply.error(libc::ENOSPC);
                 }
-                let (volume, partial, channel) = (self.volume.clone(), self.partial.clone(), channel.clone());
+                let (volume, partial) = (self.volume.clone(), self.partial.clone());
                 ironhorn_proto::busy_poll::spawn_request(async move {
                     let len = data.len();
                     match write_range(&volume, &partial, offset, data).await {
-                        Ok(()) => channel.reply(unique, &abi::write_out(len as u32)),
+                        Ok(()) => reply.ok(&abi::write_out(len as u32)),
                         Err(e) => {
                             tracing::warn!(offset, len, error = %e, "blockdev write failed");
-                            channel.error(unique, errno(&e))
+                            reply.error(errno(&e))
                         }
                     }
                 });
             }
             Op::Flush | Op::Fsync => {
-                let (volume, channel) = (self.volume.clone(), channel.clone());
+                let volume = self.volume.clone();
                 ironhorn_proto::busy_poll::spawn_request(async move {
                     match volume.flush().await {
-                        Ok(()) => channel.reply(unique, &[]),
-                        Err(e) => channel.error(unique, errno(&e)),
+                        Ok(()) => reply.ok(&[]),
+                        Err(e) => reply.error(errno(&e)),
                     }
                 });
             }
-            Op::Init(_) | Op::NoReply | Op::Destroy | Op::Other(_) => channel.error(unique, libc::ENOSYS),
+            Op::Init(_) | Op::NoReply | Op::Destroy | Op::Other(_) => reply.error(libc::ENOSYS),
         }
     }
 }
@@ -209,7 +207,7 @@ fn link_device(volume: &str, device: &str) -> Result<PathBuf, String> {
 
 /// Builds `/dev/ironhorn/<volume>`: kernel NBD where the kernel has it,
 /// else a FUSE file with a loop device on it.
-pub fn start(volume: Arc<Volume>, runtime: tokio::runtime::Handle) -> Result<BlockDevice, String> {
+pub fn start(volume: Arc<Volume>, runtime: tokio::runtime::Handle, fuse_uring: bool) -> Result<BlockDevice, String> {
     if kernel_nbd_available() {
         let name = volume.name.clone();
         let nbd = KernelNbd::start(volume, &runtime)?;
@@ -233,8 +231,10 @@ pub fn start(volume: Arc<Volume>, runtime: tokio::runtime::Handle) -> Result<Blo
         fuse::Mount::new(&format!("ironhorn-{name}"), &mountpoint).map_err(|e| e.to_string())?
     };
     let channel = mount.channel.clone();
+    let ring = fuse_uring && fuse::uring::enable_in_kernel();
     let server = runtime.spawn(async move {
-        let served = fuse::Mount::serve(channel, MAX_IO_BYTES as u32, |request, channel| fs.handle(request, channel));
+        let served =
+            fuse::Mount::serve(channel, MAX_IO_BYTES as u32, ring, move |request, reply| fs.handle(request, reply));
         if let Err(e) = served.await {
             tracing::error!(error = %e, "FUSE server stopped: the block device fails its I/O");
         }
@@ -262,7 +262,12 @@ pub fn start(volume: Arc<Volume>, runtime: tokio::runtime::Handle) -> Result<Blo
 
 impl BlockDevice {
     pub fn description(&self) -> String {
-        format!("blockdev:{} ({})", self.link.display(), self.loop_device)
+        let via = match &self.fuse {
+            None => "kernel NBD",
+            Some(f) if f.mount.channel.on_ring() => "FUSE over io_uring + loop",
+            Some(_) => "FUSE + loop",
+        };
+        format!("blockdev:{} ({}, {via})", self.link.display(), self.loop_device)
     }
 
     /// Makes the kernel device show `size` bytes after the volume grew: kernel

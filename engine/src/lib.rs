@@ -21,6 +21,9 @@ pub struct ServeConfig {
     pub replicas: Vec<String>,
     pub nbd: Vec<nbd::Listen>,
     pub blockdev: bool,
+    /// The block device's FUSE requests come over io_uring where the
+    /// kernel can (see `fuse::uring`).
+    pub fuse_uring: bool,
     pub listen: SocketAddr,
     pub replica_timeout: Duration,
     /// Rebuild copy rate limit in bytes per second (0: unlimited).
@@ -56,8 +59,8 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
         volume.add_frontend(description);
     }
     let block_device = if config.blockdev {
-        let (v, handle) = (volume.clone(), tokio::runtime::Handle::current());
-        let device = tokio::task::spawn_blocking(move || blockdev::start(v, handle))
+        let (v, handle, ring) = (volume.clone(), tokio::runtime::Handle::current(), config.fuse_uring);
+        let device = tokio::task::spawn_blocking(move || blockdev::start(v, handle, ring))
             .await
             .map_err(|e| format!("block device: {e}"))??;
         volume.add_frontend(device.description());

@@ -34,6 +34,10 @@ enum Command {
         /// Also expose the volume as /dev/ironhorn/<volume>.
         #[arg(long)]
         blockdev: bool,
+        /// Read the block device's FUSE requests from /dev/fuse even where
+        /// the kernel offers them over io_uring (to compare the two).
+        #[arg(long)]
+        no_fuse_uring: bool,
         /// Control gRPC address (port 0 picks one; it is printed).
         #[arg(long, default_value = "127.0.0.1:9600")]
         listen: std::net::SocketAddr,
@@ -213,6 +217,7 @@ async fn drive(command: Command) -> Result<(), String> {
             replicas,
             nbd,
             blockdev,
+            no_fuse_uring,
             listen,
             replica_timeout,
             rebuild_mib_per_sec,
@@ -227,6 +232,7 @@ async fn drive(command: Command) -> Result<(), String> {
                 replicas,
                 nbd,
                 blockdev,
+                fuse_uring: !no_fuse_uring,
                 listen,
                 replica_timeout: Duration::from_secs(replica_timeout),
                 rebuild_bytes_per_sec: rebuild_mib_per_sec << 20,

@@ -327,10 +327,33 @@ fn file_digest(path: &Path) -> u32 {
     h
 }
 
+/// The engine's block-device frontend as its status describes it.
+fn blockdev_frontend(engine: &Process) -> String {
+    let status = engine_status(engine);
+    let frontends = status["frontends"].as_array().expect("frontends");
+    frontends
+        .iter()
+        .filter_map(|f| f.as_str())
+        .find(|f| f.starts_with("blockdev:"))
+        .expect("a blockdev frontend")
+        .into()
+}
+
+/// This kernel has FUSE over io_uring (CONFIG_FUSE_IO_URING): the engine
+/// turns the fuse module's parameter on and serves the block device there.
+fn require_fuse_uring() {
+    assert!(
+        Path::new("/sys/module/fuse/parameters/enable_uring").exists(),
+        "this kernel lacks FUSE over io_uring (CONFIG_FUSE_IO_URING); the block-device tests need it"
+    );
+}
+
 #[test]
 fn blockdev_ext4_survives_a_replica_kill() {
     require_root();
     require_tool("mkfs.ext4", "e2fsprogs");
+    require_tool("fio", "fio");
+    require_fuse_uring();
     let mut c = Cluster::new("eng-bd", 3);
     let volume = unique("bd");
     let addresses = c.addresses();
@@ -338,6 +361,26 @@ fn blockdev_ext4_survives_a_replica_kill() {
     c.engine = Some(start_engine("engine", &volume, SIZE, 1, &refs, &c.socket, c.dir.path(), &["--blockdev"]).unwrap());
     let device = format!("/dev/ironhorn/{volume}");
     assert!(Path::new(&device).exists(), "{device} exists");
+    let frontend = blockdev_frontend(c.engine());
+    assert!(frontend.contains("FUSE over io_uring"), "requests should come over io_uring: {frontend}");
+    // Many requests in flight on the ring at once, every block checked.
+    let fio = Command::new("fio")
+        .args([
+            "--name=ring",
+            &format!("--filename={device}"),
+            "--ioengine=io_uring",
+            "--direct=1",
+            "--rw=randwrite",
+            "--bs=4k",
+            "--iodepth=64",
+            "--size=64M",
+            "--verify=crc32c",
+            "--do_verify=1",
+            "--verify_fatal=1",
+        ])
+        .output()
+        .unwrap();
+    assert!(fio.status.success(), "fio verify over the ring: {}", String::from_utf8_lossy(&fio.stdout));
     run("mkfs.ext4", &["-q", &device]).expect("mkfs.ext4");
     let mnt = c.dir.path().join("mnt");
     std::fs::create_dir_all(&mnt).unwrap();
@@ -369,15 +412,28 @@ fn blockdev_ext4_survives_a_replica_kill() {
 /// The block device's FUSE file: an fsync reaches every replica (nothing
 /// acknowledged is left unflushed after it returns), unaligned writes that
 /// straddle blocks read back byte for byte, and a read past the end is short.
+/// Over both ways FUSE requests reach the engine: io_uring and `/dev/fuse`.
 #[test]
 fn blockdev_fsync_flushes_every_replica_and_unaligned_file_io_reads_back() {
+    require_fuse_uring();
+    fsync_and_unaligned_file_io("bds", &["--blockdev"], "FUSE over io_uring");
+}
+
+#[test]
+fn blockdev_fsync_and_unaligned_file_io_over_dev_fuse() {
+    fsync_and_unaligned_file_io("bdd", &["--blockdev", "--no-fuse-uring"], "FUSE + loop");
+}
+
+fn fsync_and_unaligned_file_io(name: &str, flags: &[&str], transport: &str) {
     use std::io::{Read, Seek, SeekFrom, Write};
     require_root();
-    let mut c = Cluster::new("eng-bdsync", 2);
-    let volume = unique("bds");
+    let mut c = Cluster::new(&format!("eng-{name}"), 2);
+    let volume = unique(name);
     let addresses = c.addresses();
     let refs: Vec<&str> = addresses.iter().map(String::as_str).collect();
-    c.engine = Some(start_engine("engine", &volume, SIZE, 1, &refs, &c.socket, c.dir.path(), &["--blockdev"]).unwrap());
+    c.engine = Some(start_engine("engine", &volume, SIZE, 1, &refs, &c.socket, c.dir.path(), flags).unwrap());
+    let frontend = blockdev_frontend(c.engine());
+    assert!(frontend.contains(transport), "expected {transport}: {frontend}");
     // Asked over gRPC from this process: a child process would inherit the
     // open file and close it, and FUSE flushes on every close.
     let rt = runtime();

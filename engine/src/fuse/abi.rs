@@ -39,6 +39,10 @@ const ASYNC_READ: u32 = 1 << 0;
 const BIG_WRITES: u32 = 1 << 5;
 const ASYNC_DIO: u32 = 1 << 15;
 const MAX_PAGES: u32 = 1 << 22;
+const INIT_EXT: u32 = 1 << 30;
+/// FUSE_OVER_IO_URING (bit 41 of the 64 flags): the kernel takes requests
+/// and answers through io_uring commands on `/dev/fuse`.
+const OVER_IO_URING2: u32 = 1 << (41 - 32);
 
 // OPEN reply flags.
 pub const FOPEN_DIRECT_IO: u32 = 1 << 0;
@@ -71,6 +75,8 @@ pub struct Init {
     pub minor: u32,
     pub max_readahead: u32,
     pub flags: u32,
+    /// The upper 32 flag bits (protocol 7.36 on, when `flags` has INIT_EXT).
+    pub flags2: u32,
 }
 
 /// What the kernel asks. Operations the server does not handle are kept as
@@ -139,16 +145,45 @@ pub fn parse(buf: &[u8]) -> Result<Request, ParseError> {
     if len != buf.len() {
         return Err(ParseError::Length { said: len, got: buf.len() });
     }
-    let (opcode, unique, nodeid) = (u32_at(buf, 4), u64_at(buf, 8), u64_at(buf, 16));
-    let body = &buf[IN_HEADER..];
+    decode(&buf[..IN_HEADER], &buf[IN_HEADER..], None)
+}
+
+/// Parses one request as the kernel leaves it in an io_uring entry: the
+/// `fuse_in_header` at the start of `in_out`, the operation's own header in
+/// `op_in`, and the rest of its arguments (a write's data, a lookup's name)
+/// in `payload` (exactly the bytes the kernel says it copied).
+pub fn parse_ring(in_out: &[u8], op_in: &[u8], payload: &[u8]) -> Result<Request, ParseError> {
+    if in_out.len() < IN_HEADER {
+        return Err(ParseError::Short { need: IN_HEADER, got: in_out.len() });
+    }
+    let len = u32_at(in_out, 0) as usize;
+    let op_len = len
+        .checked_sub(IN_HEADER + payload.len())
+        .filter(|&n| n <= op_in.len())
+        .ok_or(ParseError::Length { said: len, got: IN_HEADER + op_in.len().min(len) + payload.len() })?;
+    let header = &in_out[..IN_HEADER];
+    if u32_at(header, 4) == WRITE {
+        return decode(header, &op_in[..op_len], Some(payload));
+    }
+    let body: Vec<u8> = [&op_in[..op_len], payload].concat();
+    decode(header, &body, None)
+}
+
+/// Decodes a request from its header and body; a write's data is `data`
+/// where it came apart from the body, else the body after `fuse_write_in`.
+fn decode(header: &[u8], body: &[u8], data: Option<&[u8]>) -> Result<Request, ParseError> {
+    let (opcode, unique, nodeid) = (u32_at(header, 4), u64_at(header, 8), u64_at(header, 16));
     let op = match opcode {
         INIT => {
             need(body, 16)?;
+            let flags = u32_at(body, 12);
+            let flags2 = if flags & INIT_EXT != 0 && body.len() >= 20 { u32_at(body, 16) } else { 0 };
             Op::Init(Init {
                 major: u32_at(body, 0),
                 minor: u32_at(body, 4),
                 max_readahead: u32_at(body, 8),
-                flags: u32_at(body, 12),
+                flags,
+                flags2,
             })
         }
         LOOKUP => {
@@ -171,8 +206,17 @@ pub fn parse(buf: &[u8]) -> Result<Request, ParseError> {
             // fuse_write_in is 40 bytes, then the data.
             need(body, 40)?;
             let (offset, size) = (u64_at(body, 8), u32_at(body, 16) as usize);
-            need(body, 40 + size)?;
-            Op::Write { offset, data: Bytes::copy_from_slice(&body[40..40 + size]) }
+            let data = match data {
+                Some(d) if d.len() == size => d,
+                Some(d) => {
+                    return Err(ParseError::Length { said: IN_HEADER + 40 + size, got: IN_HEADER + 40 + d.len() });
+                }
+                None => {
+                    need(body, 40 + size)?;
+                    &body[40..40 + size]
+                }
+            };
+            Op::Write { offset, data: Bytes::copy_from_slice(data) }
         }
         STATFS => Op::Statfs,
         RELEASE => Op::Release,
@@ -207,10 +251,58 @@ pub fn negotiate(init: &Init, max_write: u32, max_background: u16) -> Vec<u8> {
     out
 }
 
+/// Whether the kernel offers requests through io_uring (it does only when
+/// the fuse module's `enable_uring` parameter is on).
+pub fn offers_io_uring(init: &Init) -> bool {
+    init.flags & INIT_EXT != 0 && init.flags2 & OVER_IO_URING2 != 0
+}
+
 /// Whether the kernel offers asynchronous direct I/O (many requests of one
 /// file in flight at once).
 pub fn offers_async_dio(init: &Init) -> bool {
     init.flags & ASYNC_DIO != 0
+}
+
+/// FUSE over io_uring (protocol 7.42): each ring entry is a header buffer
+/// laid out as `fuse_uring_req_header` plus a payload buffer.
+pub mod ring {
+    /// `fuse_uring_req_header`: `in_out` (the in or out header), `op_in`
+    /// (the operation's own header), then `fuse_uring_ent_in_out`.
+    pub const HEADER: usize = 128 + 128 + 32;
+    pub const IN_OUT: std::ops::Range<usize> = 0..128;
+    pub const OP_IN: std::ops::Range<usize> = 128..256;
+    /// `fuse_uring_ent_in_out.commit_id` and `.payload_sz`.
+    pub const COMMIT_ID_AT: usize = 256 + 8;
+    pub const PAYLOAD_SZ_AT: usize = 256 + 16;
+    /// `cmd_op` of the io_uring command: hand the kernel an empty entry,
+    /// or answer the entry's request and take the next.
+    pub const CMD_REGISTER: u32 = 1;
+    pub const CMD_COMMIT_AND_FETCH: u32 = 2;
+
+    /// `fuse_uring_cmd_req` in the command area of a 128-byte SQE.
+    pub fn cmd_req(commit_id: u64, qid: u16) -> [u8; 80] {
+        let mut c = [0u8; 80];
+        c[8..16].copy_from_slice(&commit_id.to_ne_bytes());
+        c[16..18].copy_from_slice(&qid.to_ne_bytes());
+        c
+    }
+
+    /// The id the kernel gave the request now in `header`.
+    pub fn commit_id(header: &[u8]) -> u64 {
+        super::u64_at(header, COMMIT_ID_AT)
+    }
+
+    /// How many payload bytes the kernel wrote with the request in `header`.
+    pub fn payload_size(header: &[u8]) -> usize {
+        super::u32_at(header, PAYLOAD_SZ_AT) as usize
+    }
+
+    /// Writes an answer into an entry's header: the out header (its length
+    /// counts the payload) and the payload size.
+    pub fn set_answer(header: &mut [u8], unique: u64, error: i32, payload: usize) {
+        header[..super::OUT_HEADER].copy_from_slice(&super::out_header(super::OUT_HEADER + payload, error, unique));
+        header[PAYLOAD_SZ_AT..PAYLOAD_SZ_AT + 4].copy_from_slice(&(payload as u32).to_ne_bytes());
+    }
 }
 
 pub fn out_header(len: usize, error: i32, unique: u64) -> [u8; OUT_HEADER] {
@@ -380,7 +472,8 @@ mod tests {
 
     #[test]
     fn init_takes_only_offered_flags_and_the_lower_minor() {
-        let init = Init { major: 7, minor: 45, max_readahead: 131072, flags: ASYNC_DIO | BIG_WRITES | (1 << 3) };
+        let init =
+            Init { major: 7, minor: 45, max_readahead: 131072, flags: ASYNC_DIO | BIG_WRITES | (1 << 3), flags2: 0 };
         let out = negotiate(&init, 1 << 20, 256);
         assert_eq!(out.len(), 64);
         assert_eq!(u32_at(&out, 0), 7);
@@ -416,5 +509,81 @@ mod tests {
         assert_eq!(&rest[24..30], b"volume");
         assert_eq!(u64_at(&rest, 8), 3);
         assert!(dirents(&entries, 3, 4096).is_empty());
+    }
+
+    /// A request as the kernel leaves it in a ring entry: the in header in
+    /// `in_out`, the operation's header in `op_in`, the rest in the payload.
+    fn ring_parts(opcode: u32, unique: u64, op: &[u8], payload: &[u8]) -> (Vec<u8>, Vec<u8>) {
+        let full = request(opcode, unique, 2, &[op, payload].concat());
+        let mut in_out = vec![0u8; 128];
+        in_out[..IN_HEADER].copy_from_slice(&full[..IN_HEADER]);
+        let mut op_in = vec![0xeeu8; 128];
+        op_in[..op.len()].copy_from_slice(op);
+        (in_out, op_in)
+    }
+
+    #[test]
+    fn a_ring_write_takes_its_data_from_the_payload() {
+        let mut op = vec![0u8; 40];
+        op[8..16].copy_from_slice(&4096u64.to_ne_bytes());
+        op[16..20].copy_from_slice(&5u32.to_ne_bytes());
+        let (in_out, op_in) = ring_parts(WRITE, 9, &op, b"hello");
+        let r = parse_ring(&in_out, &op_in, b"hello").unwrap();
+        assert_eq!(
+            r,
+            Request { unique: 9, nodeid: 2, op: Op::Write { offset: 4096, data: Bytes::from_static(b"hello") } }
+        );
+        // The write's size field and the payload the kernel copied disagree.
+        let (in_out, op_in) = ring_parts(WRITE, 9, &op, b"hell");
+        assert!(matches!(parse_ring(&in_out, &op_in, b"hell"), Err(ParseError::Length { .. })));
+    }
+
+    #[test]
+    fn a_ring_read_and_lookup_parse_as_from_the_device() {
+        let mut op = vec![0u8; 40];
+        op[8..16].copy_from_slice(&8192u64.to_ne_bytes());
+        op[16..20].copy_from_slice(&4096u32.to_ne_bytes());
+        let (in_out, op_in) = ring_parts(READ, 3, &op, &[]);
+        assert_eq!(parse_ring(&in_out, &op_in, &[]).unwrap().op, Op::Read { offset: 8192, size: 4096 });
+        // A lookup has no header of its own: the name is the payload.
+        let (in_out, op_in) = ring_parts(LOOKUP, 4, &[], b"volume\0");
+        assert_eq!(parse_ring(&in_out, &op_in, b"volume\0").unwrap().op, Op::Lookup { name: b"volume".to_vec() });
+    }
+
+    #[test]
+    fn a_ring_header_longer_than_its_parts_is_refused() {
+        let (mut in_out, op_in) = ring_parts(GETATTR, 1, &[0u8; 16], &[]);
+        in_out[0..4].copy_from_slice(&((IN_HEADER + 129) as u32).to_ne_bytes());
+        assert!(matches!(parse_ring(&in_out, &op_in, &[]), Err(ParseError::Length { .. })));
+        in_out[0..4].copy_from_slice(&(IN_HEADER as u32 - 1).to_ne_bytes());
+        assert!(matches!(parse_ring(&in_out, &op_in, &[]), Err(ParseError::Length { .. })));
+        assert!(matches!(parse_ring(&in_out[..20], &op_in, &[]), Err(ParseError::Short { .. })));
+    }
+
+    #[test]
+    fn a_ring_answer_and_command_are_laid_out_as_the_kernel_reads_them() {
+        let mut header = vec![0u8; ring::HEADER];
+        header[ring::COMMIT_ID_AT..ring::COMMIT_ID_AT + 8].copy_from_slice(&77u64.to_ne_bytes());
+        header[ring::PAYLOAD_SZ_AT..ring::PAYLOAD_SZ_AT + 4].copy_from_slice(&4096u32.to_ne_bytes());
+        assert_eq!((ring::commit_id(&header), ring::payload_size(&header)), (77, 4096));
+        ring::set_answer(&mut header, 77, -5, 8);
+        assert_eq!(&header[..OUT_HEADER], &out_header(OUT_HEADER + 8, -5, 77));
+        assert_eq!(ring::payload_size(&header), 8);
+        let cmd = ring::cmd_req(77, 1);
+        assert_eq!((u64_at(&cmd, 0), u64_at(&cmd, 8), u16::from_ne_bytes([cmd[16], cmd[17]])), (0, 77, 1));
+    }
+
+    #[test]
+    fn io_uring_is_offered_only_through_the_extended_flags() {
+        let init = Init { major: 7, minor: 45, max_readahead: 0, flags: INIT_EXT, flags2: OVER_IO_URING2 };
+        assert!(offers_io_uring(&init));
+        assert!(!offers_io_uring(&Init { flags: 0, ..init.clone() }));
+        assert!(!offers_io_uring(&Init { flags2: 0, ..init }));
+        let mut body = vec![0u8; 64];
+        body[0..4].copy_from_slice(&7u32.to_ne_bytes());
+        body[12..16].copy_from_slice(&INIT_EXT.to_ne_bytes());
+        body[16..20].copy_from_slice(&OVER_IO_URING2.to_ne_bytes());
+        let Op::Init(init) = parse(&request(INIT, 1, 0, &body)).unwrap().op else { panic!("not INIT") };
+        assert!(offers_io_uring(&init));
     }
 }

@@ -8,6 +8,7 @@
 //! a write to `/dev/fuse` never blocks.
 
 pub mod abi;
+pub mod uring;
 
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -25,6 +26,8 @@ const BURST: usize = 64;
 #[derive(Clone)]
 pub struct Channel {
     fd: Arc<AsyncFd<OwnedFd>>,
+    /// Set once requests come over io_uring.
+    ring: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Channel {
@@ -57,6 +60,11 @@ impl Channel {
         }
     }
 
+    /// Whether requests come over io_uring (from INIT on).
+    pub fn on_ring(&self) -> bool {
+        self.ring.load(std::sync::atomic::Ordering::Acquire)
+    }
+
     /// Makes the kernel drop its cached attributes of `ino` (the volume
     /// grew). ENOENT: the kernel holds none, and reads them on next use.
     pub fn invalidate_attributes(&self, ino: u64) -> std::io::Result<()> {
@@ -66,6 +74,36 @@ impl Channel {
         }
     }
 }
+
+/// Where the answer to one request goes: `/dev/fuse`, or the ring entry
+/// the request came in.
+pub enum Reply {
+    Device { channel: Channel, unique: u64 },
+    Ring(uring::Slot),
+}
+
+impl Reply {
+    /// Answers with `payload`.
+    pub fn ok(self, payload: &[u8]) {
+        match self {
+            Reply::Device { channel, unique } => channel.reply(unique, payload),
+            Reply::Ring(slot) => slot.answer(0, payload),
+        }
+    }
+
+    /// Answers with an error (a positive errno).
+    pub fn error(self, errno: i32) {
+        match self {
+            Reply::Device { channel, unique } => channel.error(unique, errno),
+            Reply::Ring(slot) => slot.answer(-errno, &[]),
+        }
+    }
+}
+
+/// The largest write (and read) the kernel sends when requests come on the
+/// ring: every ring entry has room for one, so this bounds the entries'
+/// memory (touched only as far as requests fill it).
+pub const RING_MAX_WRITE: u32 = 256 << 10;
 
 #[derive(Debug, thiserror::Error)]
 pub enum MountError {
@@ -118,17 +156,22 @@ impl Mount {
                 return Err(MountError::Register(e.into_parts().1));
             }
         };
-        Ok(Mount { channel: Channel { fd: Arc::new(fd) }, mountpoint: mountpoint.to_path_buf() })
+        Ok(Mount { channel: Channel { fd: Arc::new(fd), ring: Arc::default() }, mountpoint: mountpoint.to_path_buf() })
     }
 
     /// Reads requests until the filesystem is unmounted, answering INIT
     /// itself and handing every other request that wants an answer to
-    /// `handle` (which answers through the [`Channel`], now or later).
+    /// `handle` (which answers through its [`Reply`], now or later). Where
+    /// the kernel offers FUSE over io_uring and `ring` is set, requests come
+    /// on a ring from INIT on, served by a task of its own; `/dev/fuse`
+    /// still carries what the kernel does not route there.
     pub async fn serve(
         channel: Channel,
         max_write: u32,
-        mut handle: impl FnMut(Request, &Channel),
+        ring: bool,
+        handle: impl Fn(Request, Reply) + Send + Sync + 'static,
     ) -> std::io::Result<()> {
+        let handle = Arc::new(handle);
         let mut buf = vec![0u8; (max_write as usize + 4096).max(abi::MIN_READ_BUFFER)];
         loop {
             let mut guard = channel.fd.readable().await?;
@@ -169,11 +212,19 @@ impl Mount {
                                 "kernel FUSE lacks async direct I/O; the block device runs at queue depth 1"
                             );
                         }
+                        let ring = ring && abi::offers_io_uring(init);
+                        let max_write = if ring { max_write.min(RING_MAX_WRITE) } else { max_write };
                         channel.reply(request.unique, &abi::negotiate(init, max_write, 256));
+                        if ring {
+                            start_ring(&channel, max_write as usize, handle.clone());
+                        }
                     }
                     Op::NoReply => {}
                     Op::Destroy => channel.reply(request.unique, &[]),
-                    _ => handle(request, &channel),
+                    _ => {
+                        let reply = Reply::Device { channel: channel.clone(), unique: request.unique };
+                        handle(request, reply)
+                    }
                 }
             }
             if !drained {
@@ -182,6 +233,20 @@ impl Mount {
                 tokio::task::yield_now().await;
             }
         }
+    }
+}
+
+/// Registers the ring and spawns the task serving it; on failure the
+/// kernel keeps sending on `/dev/fuse`.
+fn start_ring(channel: &Channel, max_write: usize, handle: Arc<impl Fn(Request, Reply) + Send + Sync + 'static>) {
+    let payload = max_write.max(abi::MIN_READ_BUFFER);
+    match uring::Ring::start(channel.clone(), uring::queues(), payload) {
+        Ok(ring) => {
+            channel.ring.store(true, std::sync::atomic::Ordering::Release);
+            tracing::info!(queues = uring::queues(), depth = uring::DEPTH, "FUSE requests come over io_uring");
+            tokio::spawn(ring.serve(move |request, slot| handle(request, Reply::Ring(slot))));
+        }
+        Err(e) => tracing::warn!(error = %e, "FUSE over io_uring unavailable; reading /dev/fuse"),
     }
 }
 

@@ -1,0 +1,350 @@
+//! FUSE over io_uring: the kernel hands requests to entries the server
+//! registered on a ring, and one command both answers an entry's request and
+//! hands the entry back for the next (no `read` and `writev` per request).
+//!
+//! One ring on the engine's runtime serves every kernel queue (there is one
+//! queue per possible CPU; the kernel puts a request on the queue of the CPU
+//! that issued it, and switches to the ring only once every queue has
+//! entries). Completions arrive through an eventfd on tokio's reactor, like
+//! the replica's disk ring. The kernel copies each request into an entry's
+//! buffers from task work on this thread, so the buffers are only ever
+//! touched by this process while the entry is in its hands.
+//!
+//! Requests the kernel does not route through the ring (interrupts, forgets)
+//! still come on `/dev/fuse`, which [`super::Mount::serve`] goes on reading.
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::{Arc, Mutex};
+
+use io_uring::{IoUring, cqueue, opcode, squeue, types};
+use tokio::io::unix::AsyncFd;
+
+use super::abi::{self, Request, ring};
+
+/// Entries per kernel queue: the most requests one CPU's queue holds in
+/// the server's hands at once (the loop device's queue depth is 128 across
+/// all queues; past this, requests wait in the kernel for an entry).
+pub const DEPTH: usize = 32;
+
+/// Offset of `len` in `struct io_uring_sqe` (the io-uring crate leaves it
+/// unset for commands; FUSE reads its two iovecs from `addr`, `len`).
+const SQE_LEN_AT: usize = 24;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RingError {
+    #[error("create io_uring: {0}")]
+    Create(std::io::Error),
+    #[error("eventfd: {0}")]
+    EventFd(std::io::Error),
+    #[error("submit FUSE ring entries: {0}")]
+    Submit(std::io::Error),
+    #[error("the kernel refused FUSE ring entries: {0}")]
+    Refused(std::io::Error),
+}
+
+/// One entry's memory, shared with the kernel: written by the kernel while
+/// the entry is registered and waiting, by the server while it answers.
+struct Entry {
+    header: *mut u8,
+    payload: *mut u8,
+    payload_len: usize,
+    /// The two iovecs the REGISTER command points at.
+    iov: *mut [libc::iovec; 2],
+    qid: u16,
+}
+
+impl Entry {
+    fn new(qid: u16, payload_len: usize) -> Entry {
+        let header = Box::into_raw(vec![0u8; ring::HEADER].into_boxed_slice()) as *mut u8;
+        let payload = Box::into_raw(vec![0u8; payload_len].into_boxed_slice()) as *mut u8;
+        let iov = Box::into_raw(Box::new([
+            libc::iovec { iov_base: header.cast(), iov_len: ring::HEADER },
+            libc::iovec { iov_base: payload.cast(), iov_len: payload_len },
+        ]));
+        Entry { header, payload, payload_len, iov, qid }
+    }
+
+    /// # Safety
+    /// Only while the entry is out of the kernel's hands.
+    unsafe fn header(&self) -> &mut [u8] {
+        // SAFETY: the allocation is ring::HEADER bytes and alive; the caller
+        // holds the entry's only user.
+        unsafe { std::slice::from_raw_parts_mut(self.header, ring::HEADER) }
+    }
+
+    /// # Safety
+    /// Only while the entry is out of the kernel's hands.
+    unsafe fn payload(&self) -> &mut [u8] {
+        // SAFETY: as for `header`.
+        unsafe { std::slice::from_raw_parts_mut(self.payload, self.payload_len) }
+    }
+}
+
+impl Drop for Entry {
+    fn drop(&mut self) {
+        // SAFETY: the three allocations came from Box::into_raw in `new`
+        // with these lengths and are freed once.
+        unsafe {
+            drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.header, ring::HEADER)));
+            drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.payload, self.payload_len)));
+            drop(Box::from_raw(self.iov));
+        }
+    }
+}
+
+struct Inner {
+    uring: IoUring<squeue::Entry128, cqueue::Entry>,
+    entries: Vec<Entry>,
+    /// Entries in the kernel's or the server's hands (not yet ended by an
+    /// error completion).
+    live: usize,
+    /// Answers pushed since the last submit, and whether the serving task
+    /// was woken to submit them.
+    unsubmitted: usize,
+    submit_requested: bool,
+}
+
+// SAFETY: the raw pointers in Entry are owned allocations, used under the
+// mutex; the ring itself is Send.
+unsafe impl Send for Inner {}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if self.live > 0 {
+            // The kernel may still copy a request into an entry it holds
+            // (from task work on this thread) until it cancels the entry:
+            // its memory must outlive that.
+            tracing::warn!(entries = self.live, "FUSE ring dropped with entries in the kernel; keeping their memory");
+            std::mem::forget(std::mem::take(&mut self.entries));
+        }
+    }
+}
+
+/// The ring a mount's requests arrive on.
+pub struct Ring {
+    inner: Mutex<Inner>,
+    event: AsyncFd<OwnedFd>,
+    /// Wakes the serving task to submit answers (after the tasks already
+    /// runnable, so one `io_uring_enter` carries a burst of answers).
+    submit: tokio::sync::Notify,
+    /// `/dev/fuse`, kept open as long as commands go to it.
+    channel: super::Channel,
+}
+
+/// Where the answer to a request that came on the ring goes.
+#[derive(Clone)]
+pub struct Slot {
+    ring: Arc<Ring>,
+    index: usize,
+    unique: u64,
+}
+
+fn command(
+    fuse: RawFd,
+    cmd_op: u32,
+    req: [u8; 80],
+    index: usize,
+    iov: Option<*mut [libc::iovec; 2]>,
+) -> squeue::Entry128 {
+    let mut op = opcode::UringCmd80::new(types::Fd(fuse), cmd_op).cmd(req);
+    if let Some(iov) = iov {
+        op = op.addr(Some(iov as u64));
+    }
+    let sqe = op.build().user_data(index as u64);
+    if iov.is_none() {
+        return sqe;
+    }
+    // SAFETY: Entry128 is repr(C) over the kernel's 128-byte SQE; `len` is
+    // the u32 at byte 24 of `struct io_uring_sqe`.
+    let mut raw: [u8; 128] = unsafe { std::mem::transmute(sqe) };
+    raw[SQE_LEN_AT..SQE_LEN_AT + 4].copy_from_slice(&2u32.to_ne_bytes());
+    // SAFETY: the same bytes back into the same type.
+    unsafe { std::mem::transmute::<[u8; 128], squeue::Entry128>(raw) }
+}
+
+const ENABLE: &str = "/sys/module/fuse/parameters/enable_uring";
+
+/// Turns on the fuse module's `enable_uring` parameter if the kernel has it
+/// and it is off. It only makes the kernel offer io_uring at INIT; servers
+/// that do not register entries go on with `/dev/fuse` as before. Returns
+/// whether the kernel now offers it.
+pub fn enable_in_kernel() -> bool {
+    match std::fs::read_to_string(ENABLE) {
+        Ok(v) if v.trim() == "Y" => true,
+        Ok(_) => match std::fs::write(ENABLE, "Y") {
+            Ok(()) => {
+                tracing::info!("turned on the fuse module's enable_uring");
+                true
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot turn on {ENABLE}; FUSE requests come on /dev/fuse");
+                false
+            }
+        },
+        // Built without CONFIG_FUSE_IO_URING (or an older kernel).
+        Err(_) => false,
+    }
+}
+
+/// Kernel queues: one per possible CPU.
+pub fn queues() -> usize {
+    // SAFETY: sysconf has no memory effects.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) };
+    n.max(1) as usize
+}
+
+impl Ring {
+    /// Registers `DEPTH` entries on each of `queues` kernel queues, each able
+    /// to carry `payload_len` bytes (the kernel wants room for its largest
+    /// request: max_write, max_pages). Call after the INIT answer.
+    pub fn start(channel: super::Channel, queues: usize, payload_len: usize) -> Result<Arc<Ring>, RingError> {
+        let fuse = channel.fd.get_ref().as_raw_fd();
+        let count = queues * DEPTH;
+        let uring = IoUring::<squeue::Entry128, cqueue::Entry>::builder()
+            .build(count.next_power_of_two() as u32)
+            .map_err(RingError::Create)?;
+        // SAFETY: eventfd returns a new fd or -1.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if fd < 0 {
+            return Err(RingError::EventFd(std::io::Error::last_os_error()));
+        }
+        // SAFETY: a descriptor just created and owned by nothing else.
+        let event = unsafe { OwnedFd::from_raw_fd(fd) };
+        uring.submitter().register_eventfd(event.as_raw_fd()).map_err(RingError::EventFd)?;
+        // SAFETY: `event` is an OwnedFd that the AsyncFd owns for its whole
+        // life, so its raw fd stays open and the same.
+        let event = unsafe { AsyncFd::register_with_interest(event, tokio::io::Interest::READABLE) }
+            .map_err(|e| RingError::EventFd(e.into_parts().1))?;
+        let entries: Vec<Entry> = (0..count).map(|i| Entry::new((i / DEPTH) as u16, payload_len)).collect();
+        let mut inner = Inner { uring, entries, live: 0, unsubmitted: 0, submit_requested: false };
+        for (index, entry) in inner.entries.iter().enumerate() {
+            let sqe = command(fuse, ring::CMD_REGISTER, ring::cmd_req(0, entry.qid), index, Some(entry.iov));
+            // SAFETY: the iovecs and the buffers they name live as long as
+            // the ring (or are leaked with it, see Inner's Drop).
+            unsafe { inner.uring.submission().push(&sqe) }.expect("the ring has room for every entry");
+        }
+        inner.live = count;
+        inner.uring.submit().map_err(RingError::Submit)?;
+        // A refused registration completes at once with its error.
+        let mut refused = None;
+        for cqe in inner.uring.completion() {
+            inner.live -= 1;
+            refused.get_or_insert(std::io::Error::from_raw_os_error(-cqe.result()));
+        }
+        let ring = Arc::new(Ring { inner: Mutex::new(inner), event, submit: tokio::sync::Notify::new(), channel });
+        match refused {
+            // Entries the kernel did take stay with the ring until the
+            // kernel ends them; `serve` keeps reaping.
+            Some(e) => Err(RingError::Refused(e)),
+            None => Ok(ring),
+        }
+    }
+
+    /// Takes the requests the kernel has put in entries, until every entry
+    /// has ended (the mount is gone). `handle` answers each through its slot.
+    pub async fn serve(self: Arc<Self>, handle: impl Fn(Request, Slot)) {
+        loop {
+            tokio::select! {
+                ready = self.event.readable() => {
+                    let Ok(mut ready) = ready else { return };
+                    let mut counter = [0u8; 8];
+                    // Clear the eventfd first: completions after this re-arm it.
+                    // SAFETY: reading 8 bytes into a local buffer.
+                    let _ = unsafe { libc::read(self.event.get_ref().as_raw_fd(), counter.as_mut_ptr().cast(), 8) };
+                    ready.clear_ready();
+                }
+                _ = self.submit.notified() => {}
+            }
+            self.submit_answers();
+            let (arrived, live) = self.take();
+            for (index, unique, request) in arrived {
+                let slot = Slot { ring: self.clone(), index, unique };
+                match request {
+                    Ok(request) => handle(request, slot),
+                    Err(e) => {
+                        tracing::error!(error = %e, "malformed FUSE request on the ring");
+                        slot.answer(-libc::EIO, &[]);
+                    }
+                }
+            }
+            if live == 0 {
+                tracing::info!("FUSE ring ended");
+                return;
+            }
+        }
+    }
+
+    fn submit_answers(&self) {
+        let mut inner = self.inner.lock().expect("FUSE ring poisoned");
+        inner.submit_requested = false;
+        if inner.unsubmitted == 0 {
+            return;
+        }
+        match inner.uring.submit() {
+            Ok(n) => inner.unsubmitted -= n.min(inner.unsubmitted),
+            Err(e) => tracing::error!(error = %e, "FUSE ring submit failed"),
+        }
+        if inner.unsubmitted > 0 {
+            inner.submit_requested = true;
+            self.submit.notify_one();
+        }
+    }
+
+    /// Reaps completions: the requests now in entries, and the entries live.
+    #[allow(clippy::type_complexity)]
+    fn take(&self) -> (Vec<(usize, u64, Result<Request, abi::ParseError>)>, usize) {
+        let mut inner = self.inner.lock().expect("FUSE ring poisoned");
+        let mut arrived = Vec::new();
+        let done: Vec<(usize, i32)> =
+            inner.uring.completion().map(|cqe| (cqe.user_data() as usize, cqe.result())).collect();
+        for (index, result) in done {
+            if result < 0 {
+                // The mount is going (ENOTCONN, ECONNABORTED): the entry is over.
+                inner.live -= 1;
+                let e = std::io::Error::from_raw_os_error(-result);
+                tracing::debug!(index, error = %e, "FUSE ring entry ended");
+                continue;
+            }
+            let entry = &inner.entries[index];
+            // SAFETY: a completion hands the entry back to the server.
+            let (header, payload) = unsafe { (entry.header(), entry.payload()) };
+            let unique = ring::commit_id(header);
+            let size = ring::payload_size(header).min(payload.len());
+            let request = abi::parse_ring(&header[ring::IN_OUT], &header[ring::OP_IN], &payload[..size]);
+            arrived.push((index, unique, request));
+        }
+        (arrived, inner.live)
+    }
+}
+
+impl Slot {
+    /// The answer `payload` (error 0) or a negative errno; hands the entry
+    /// back to the kernel for the next request.
+    pub fn answer(&self, error: i32, payload: &[u8]) {
+        let mut inner = self.ring.inner.lock().expect("FUSE ring poisoned");
+        let entry = &inner.entries[self.index];
+        // SAFETY: the entry is the server's until this command is submitted.
+        let (header, room) = unsafe { (entry.header(), entry.payload()) };
+        let (error, payload) = if payload.len() > room.len() {
+            tracing::error!(len = payload.len(), room = room.len(), "FUSE answer larger than its ring entry");
+            (-libc::EIO, &[][..])
+        } else {
+            (error, payload)
+        };
+        room[..payload.len()].copy_from_slice(payload);
+        ring::set_answer(header, self.unique, error, payload.len());
+        let fuse = self.ring.channel.fd.get_ref().as_raw_fd();
+        let sqe = command(fuse, ring::CMD_COMMIT_AND_FETCH, ring::cmd_req(self.unique, entry.qid), self.index, None);
+        // SAFETY: as in `start`: the entry's memory outlives the command.
+        if unsafe { inner.uring.submission().push(&sqe) }.is_err() {
+            // Cannot happen: one SQE per entry, and an entry has one command at a time.
+            tracing::error!("FUSE ring full");
+            return;
+        }
+        inner.unsubmitted += 1;
+        if !inner.submit_requested {
+            inner.submit_requested = true;
+            self.ring.submit.notify_one();
+        }
+    }
+}
