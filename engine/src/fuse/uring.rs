@@ -34,6 +34,8 @@ const SQE_LEN_AT: usize = 24;
 pub enum RingError {
     #[error("create io_uring: {0}")]
     Create(std::io::Error),
+    #[error("map the ring entries' memory: {0}")]
+    Memory(std::io::Error),
     #[error("eventfd: {0}")]
     EventFd(std::io::Error),
     #[error("submit FUSE ring entries: {0}")]
@@ -42,59 +44,93 @@ pub enum RingError {
     Refused(std::io::Error),
 }
 
-/// One entry's memory, shared with the kernel: written by the kernel while
-/// the entry is registered and waiting, by the server while it answers.
-struct Entry {
-    header: *mut u8,
-    payload: *mut u8,
+/// The entries' memory, shared with the kernel: one anonymous mapping with
+/// every entry's header, then every entry's payload. Pages are faulted in
+/// only as requests fill them (4 KiB I/O touches one page of an entry's
+/// payload), so room for the largest request costs nothing until used.
+struct Memory {
+    base: *mut u8,
+    len: usize,
+    count: usize,
     payload_len: usize,
-    /// The two iovecs the REGISTER command points at.
-    iov: *mut [libc::iovec; 2],
-    qid: u16,
+    /// Each entry's two iovecs (header, payload), which REGISTER points at.
+    iov: Box<[[libc::iovec; 2]]>,
+    /// Bytes of headers before the payloads.
+    headers: usize,
 }
 
-impl Entry {
-    fn new(qid: u16, payload_len: usize) -> Entry {
-        let header = Box::into_raw(vec![0u8; ring::HEADER].into_boxed_slice()) as *mut u8;
-        let payload = Box::into_raw(vec![0u8; payload_len].into_boxed_slice()) as *mut u8;
-        let iov = Box::into_raw(Box::new([
-            libc::iovec { iov_base: header.cast(), iov_len: ring::HEADER },
-            libc::iovec { iov_base: payload.cast(), iov_len: payload_len },
-        ]));
-        Entry { header, payload, payload_len, iov, qid }
-    }
-
-    /// # Safety
-    /// Only while the entry is out of the kernel's hands.
-    unsafe fn header(&self) -> &mut [u8] {
-        // SAFETY: the allocation is ring::HEADER bytes and alive; the caller
-        // holds the entry's only user.
-        unsafe { std::slice::from_raw_parts_mut(self.header, ring::HEADER) }
-    }
-
-    /// # Safety
-    /// Only while the entry is out of the kernel's hands.
-    unsafe fn payload(&self) -> &mut [u8] {
-        // SAFETY: as for `header`.
-        unsafe { std::slice::from_raw_parts_mut(self.payload, self.payload_len) }
-    }
-}
-
-impl Drop for Entry {
-    fn drop(&mut self) {
-        // SAFETY: the three allocations came from Box::into_raw in `new`
-        // with these lengths and are freed once.
-        unsafe {
-            drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.header, ring::HEADER)));
-            drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.payload, self.payload_len)));
-            drop(Box::from_raw(self.iov));
+impl Memory {
+    fn new(count: usize, payload_len: usize) -> std::io::Result<Memory> {
+        let headers = (count * ring::HEADER).next_multiple_of(4096);
+        let len = headers + count * payload_len;
+        // SAFETY: an anonymous private mapping; checked below.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
         }
+        let base = base as *mut u8;
+        let iov = (0..count)
+            .map(|i| {
+                // SAFETY: both offsets lie inside the mapping.
+                let (header, payload) = unsafe { (base.add(i * ring::HEADER), base.add(headers + i * payload_len)) };
+                [
+                    libc::iovec { iov_base: header.cast(), iov_len: ring::HEADER },
+                    libc::iovec { iov_base: payload.cast(), iov_len: payload_len },
+                ]
+            })
+            .collect();
+        Ok(Memory { base, len, count, payload_len, iov, headers })
+    }
+
+    /// Drops every payload page (they read as zeros when next touched).
+    fn release_payloads(&self) {
+        // SAFETY: the payload part of the live mapping.
+        let rc =
+            unsafe { libc::madvise(self.base.add(self.headers).cast(), self.len - self.headers, libc::MADV_DONTNEED) };
+        if rc < 0 {
+            tracing::warn!(error = %std::io::Error::last_os_error(), "release FUSE ring payloads");
+        }
+    }
+
+    /// Entry `i`'s header and payload.
+    ///
+    /// # Safety
+    /// Only while the entry is out of the kernel's hands, and one borrow of
+    /// an entry at a time.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn entry(&self, i: usize) -> (&mut [u8], &mut [u8]) {
+        assert!(i < self.count, "entry {i} of {}", self.count);
+        let [header, payload] = self.iov[i];
+        // SAFETY: the iovecs name disjoint ranges of the live mapping.
+        unsafe {
+            (
+                std::slice::from_raw_parts_mut(header.iov_base.cast(), header.iov_len),
+                std::slice::from_raw_parts_mut(payload.iov_base.cast(), self.payload_len),
+            )
+        }
+    }
+}
+
+impl Drop for Memory {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`, unmapped once.
+        unsafe { libc::munmap(self.base.cast(), self.len) };
     }
 }
 
 struct Inner {
     uring: IoUring<squeue::Entry128, cqueue::Entry>,
-    entries: Vec<Entry>,
+    /// The entries' memory; entry i serves kernel queue `i / DEPTH`.
+    memory: Option<Memory>,
     /// Entries in the kernel's or the server's hands (not yet ended by an
     /// error completion).
     live: usize,
@@ -102,10 +138,12 @@ struct Inner {
     /// was woken to submit them.
     unsubmitted: usize,
     submit_requested: bool,
+    /// Requests arrived since the payloads were last released.
+    taken_since_trim: bool,
 }
 
-// SAFETY: the raw pointers in Entry are owned allocations, used under the
-// mutex; the ring itself is Send.
+// SAFETY: the mapping is owned by Inner and used under the mutex; the ring
+// itself is Send.
 unsafe impl Send for Inner {}
 
 impl Drop for Inner {
@@ -115,7 +153,7 @@ impl Drop for Inner {
             // (from task work on this thread) until it cancels the entry:
             // its memory must outlive that.
             tracing::warn!(entries = self.live, "FUSE ring dropped with entries in the kernel; keeping their memory");
-            std::mem::forget(std::mem::take(&mut self.entries));
+            std::mem::forget(self.memory.take());
         }
     }
 }
@@ -186,6 +224,11 @@ pub fn enable_in_kernel() -> bool {
     }
 }
 
+/// The kernel queue entry `index` serves.
+fn qid(index: usize) -> u16 {
+    (index / DEPTH) as u16
+}
+
 /// Kernel queues: one per possible CPU.
 pub fn queues() -> usize {
     // SAFETY: sysconf has no memory effects.
@@ -215,14 +258,17 @@ impl Ring {
         // life, so its raw fd stays open and the same.
         let event = unsafe { AsyncFd::register_with_interest(event, tokio::io::Interest::READABLE) }
             .map_err(|e| RingError::EventFd(e.into_parts().1))?;
-        let entries: Vec<Entry> = (0..count).map(|i| Entry::new((i / DEPTH) as u16, payload_len)).collect();
-        let mut inner = Inner { uring, entries, live: 0, unsubmitted: 0, submit_requested: false };
-        for (index, entry) in inner.entries.iter().enumerate() {
-            let sqe = command(fuse, ring::CMD_REGISTER, ring::cmd_req(0, entry.qid), index, Some(entry.iov));
+        let memory = Memory::new(count, payload_len).map_err(RingError::Memory)?;
+        let mut inner =
+            Inner { uring, memory: None, live: 0, unsubmitted: 0, submit_requested: false, taken_since_trim: false };
+        for (index, iov) in memory.iov.iter().enumerate() {
+            let iov = iov as *const [libc::iovec; 2] as *mut [libc::iovec; 2];
+            let sqe = command(fuse, ring::CMD_REGISTER, ring::cmd_req(0, qid(index)), index, Some(iov));
             // SAFETY: the iovecs and the buffers they name live as long as
             // the ring (or are leaked with it, see Inner's Drop).
             unsafe { inner.uring.submission().push(&sqe) }.expect("the ring has room for every entry");
         }
+        inner.memory = Some(memory);
         inner.live = count;
         inner.uring.submit().map_err(RingError::Submit)?;
         // A refused registration completes at once with its error.
@@ -243,6 +289,8 @@ impl Ring {
     /// Takes the requests the kernel has put in entries, until every entry
     /// has ended (the mount is gone). `handle` answers each through its slot.
     pub async fn serve(self: Arc<Self>, handle: impl Fn(Request, Slot)) {
+        let mut trim = tokio::time::interval(ironhorn_proto::allocator::TRIM_INTERVAL);
+        trim.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 ready = self.event.readable() => {
@@ -254,6 +302,7 @@ impl Ring {
                     ready.clear_ready();
                 }
                 _ = self.submit.notified() => {}
+                _ = trim.tick() => self.trim(),
             }
             self.submit_answers();
             let (arrived, live) = self.take();
@@ -290,6 +339,27 @@ impl Ring {
         }
     }
 
+    /// Gives the entries' payload pages back to the kernel after I/O, as the
+    /// allocator's trimmer does for the heap: a burst of large requests
+    /// leaves every entry's room faulted in.
+    ///
+    /// Safe with requests in flight because it is one `madvise` while no
+    /// answer waits to be submitted: entries in the kernel's hands hold
+    /// nothing yet (the kernel copies a request in only from task work on
+    /// this thread, so not during the call), entries in the server's hands
+    /// had their request copied out when reaped, and every answer already
+    /// went to the kernel (a commit is read when submitted).
+    fn trim(&self) {
+        let mut inner = self.inner.lock().expect("FUSE ring poisoned");
+        if !inner.taken_since_trim || inner.unsubmitted > 0 {
+            return;
+        }
+        inner.taken_since_trim = false;
+        if let Some(memory) = &inner.memory {
+            memory.release_payloads();
+        }
+    }
+
     /// Reaps completions: the requests now in entries, and the entries live.
     #[allow(clippy::type_complexity)]
     fn take(&self) -> (Vec<(usize, u64, Result<Request, abi::ParseError>)>, usize) {
@@ -305,13 +375,14 @@ impl Ring {
                 tracing::debug!(index, error = %e, "FUSE ring entry ended");
                 continue;
             }
-            let entry = &inner.entries[index];
+            let memory = inner.memory.as_ref().expect("entries' memory while entries are live");
             // SAFETY: a completion hands the entry back to the server.
-            let (header, payload) = unsafe { (entry.header(), entry.payload()) };
+            let (header, payload) = unsafe { memory.entry(index) };
             let unique = ring::commit_id(header);
             let size = ring::payload_size(header).min(payload.len());
             let request = abi::parse_ring(&header[ring::IN_OUT], &header[ring::OP_IN], &payload[..size]);
             arrived.push((index, unique, request));
+            inner.taken_since_trim = true;
         }
         (arrived, inner.live)
     }
@@ -322,9 +393,9 @@ impl Slot {
     /// back to the kernel for the next request.
     pub fn answer(&self, error: i32, payload: &[u8]) {
         let mut inner = self.ring.inner.lock().expect("FUSE ring poisoned");
-        let entry = &inner.entries[self.index];
+        let memory = inner.memory.as_ref().expect("entries' memory while entries are live");
         // SAFETY: the entry is the server's until this command is submitted.
-        let (header, room) = unsafe { (entry.header(), entry.payload()) };
+        let (header, room) = unsafe { memory.entry(self.index) };
         let (error, payload) = if payload.len() > room.len() {
             tracing::error!(len = payload.len(), room = room.len(), "FUSE answer larger than its ring entry");
             (-libc::EIO, &[][..])
@@ -334,7 +405,8 @@ impl Slot {
         room[..payload.len()].copy_from_slice(payload);
         ring::set_answer(header, self.unique, error, payload.len());
         let fuse = self.ring.channel.fd.get_ref().as_raw_fd();
-        let sqe = command(fuse, ring::CMD_COMMIT_AND_FETCH, ring::cmd_req(self.unique, entry.qid), self.index, None);
+        let sqe =
+            command(fuse, ring::CMD_COMMIT_AND_FETCH, ring::cmd_req(self.unique, qid(self.index)), self.index, None);
         // SAFETY: as in `start`: the entry's memory outlives the command.
         if unsafe { inner.uring.submission().push(&sqe) }.is_err() {
             // Cannot happen: one SQE per entry, and an entry has one command at a time.
