@@ -343,13 +343,19 @@ impl Ring {
     /// allocator's trimmer does for the heap: a burst of large requests
     /// leaves every entry's room faulted in.
     ///
-    /// Safe with requests in flight because it is one `madvise` while no
+    /// Safe with requests in flight because it is one `madvise`, made while no
     /// answer waits to be submitted: entries in the kernel's hands hold
     /// nothing yet (the kernel copies a request in only from task work on
     /// this thread, so not during the call), entries in the server's hands
     /// had their request copied out when reaped, and every answer already
     /// went to the kernel (a commit is read when submitted).
+    ///
+    /// On a runtime with several threads the kernel's copy may run on
+    /// another thread during the call, so there the pages are kept.
     fn trim(&self) {
+        if tokio::runtime::Handle::current().runtime_flavor() != tokio::runtime::RuntimeFlavor::CurrentThread {
+            return;
+        }
         let mut inner = self.inner.lock().expect("FUSE ring poisoned");
         if !inner.taken_since_trim || inner.unsubmitted > 0 {
             return;
