@@ -76,26 +76,53 @@ impl Channel {
 }
 
 /// Where the answer to one request goes: `/dev/fuse`, or the ring entry
-/// the request came in.
-pub enum Reply {
+/// the request came in. A request dropped unanswered (its task panicked or
+/// was cancelled) is answered EIO, so the kernel never waits for it for
+/// ever and a ring entry is never lost.
+pub struct Reply {
+    to: Option<To>,
+}
+
+enum To {
     Device { channel: Channel, unique: u64 },
     Ring(uring::Slot),
 }
 
 impl Reply {
+    pub fn device(channel: Channel, unique: u64) -> Reply {
+        Reply { to: Some(To::Device { channel, unique }) }
+    }
+
+    pub fn ring(slot: uring::Slot) -> Reply {
+        Reply { to: Some(To::Ring(slot)) }
+    }
+
     /// Answers with `payload`.
-    pub fn ok(self, payload: &[u8]) {
-        match self {
-            Reply::Device { channel, unique } => channel.reply(unique, payload),
-            Reply::Ring(slot) => slot.answer(0, payload),
-        }
+    pub fn ok(mut self, payload: &[u8]) {
+        self.send(0, payload)
     }
 
     /// Answers with an error (a positive errno).
-    pub fn error(self, errno: i32) {
-        match self {
-            Reply::Device { channel, unique } => channel.error(unique, errno),
-            Reply::Ring(slot) => slot.answer(-errno, &[]),
+    pub fn error(mut self, errno: i32) {
+        self.send(-errno, &[])
+    }
+
+    /// `error` is 0 or a negative errno, as in the out header.
+    fn send(&mut self, error: i32, payload: &[u8]) {
+        match self.to.take() {
+            Some(To::Device { channel, unique }) if error == 0 => channel.reply(unique, payload),
+            Some(To::Device { channel, unique }) => channel.error(unique, -error),
+            Some(To::Ring(slot)) => slot.answer(error, payload),
+            None => {}
+        }
+    }
+}
+
+impl Drop for Reply {
+    fn drop(&mut self) {
+        if self.to.is_some() {
+            tracing::error!("FUSE request dropped unanswered; answering EIO");
+            self.send(-libc::EIO, &[]);
         }
     }
 }
@@ -222,7 +249,7 @@ impl Mount {
                     Op::NoReply => {}
                     Op::Destroy => channel.reply(request.unique, &[]),
                     _ => {
-                        let reply = Reply::Device { channel: channel.clone(), unique: request.unique };
+                        let reply = Reply::device(channel.clone(), request.unique);
                         handle(request, reply)
                     }
                 }
@@ -244,7 +271,7 @@ fn start_ring(channel: &Channel, max_write: usize, handle: Arc<impl Fn(Request, 
         Ok(ring) => {
             channel.ring.store(true, std::sync::atomic::Ordering::Release);
             tracing::info!(queues = uring::queues(), depth = uring::DEPTH, "FUSE requests come over io_uring");
-            tokio::spawn(ring.serve(move |request, slot| handle(request, Reply::Ring(slot))));
+            tokio::spawn(ring.serve(move |request, slot| handle(request, Reply::ring(slot))));
         }
         Err(e) => tracing::warn!(error = %e, "FUSE over io_uring unavailable; reading /dev/fuse"),
     }
@@ -260,4 +287,42 @@ pub fn unmount(mountpoint: &Path) -> std::io::Result<()> {
         return Err(std::io::Error::last_os_error());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A channel whose "kernel" end is the other half of a socket pair.
+    fn channel() -> (Channel, std::os::unix::net::UnixStream) {
+        let (ours, kernel) = std::os::unix::net::UnixStream::pair().unwrap();
+        ours.set_nonblocking(true).unwrap();
+        // SAFETY: the AsyncFd owns the descriptor for its whole life.
+        let fd = unsafe { AsyncFd::register(OwnedFd::from(ours)) }.unwrap();
+        (Channel { fd: Arc::new(fd), ring: Arc::default() }, kernel)
+    }
+
+    fn answer(kernel: &mut std::os::unix::net::UnixStream) -> (u32, i32, u64) {
+        use std::io::Read;
+        let mut h = [0u8; abi::OUT_HEADER];
+        kernel.read_exact(&mut h).unwrap();
+        let len = u32::from_ne_bytes(h[0..4].try_into().unwrap());
+        (len, i32::from_ne_bytes(h[4..8].try_into().unwrap()), u64::from_ne_bytes(h[8..16].try_into().unwrap()))
+    }
+
+    #[tokio::test]
+    async fn a_request_dropped_unanswered_is_answered_eio_once() {
+        let (channel, mut kernel) = channel();
+        drop(Reply::device(channel.clone(), 41));
+        assert_eq!(answer(&mut kernel), (abi::OUT_HEADER as u32, -libc::EIO, 41));
+        Reply::device(channel.clone(), 42).error(libc::ENOSPC);
+        assert_eq!(answer(&mut kernel), (abi::OUT_HEADER as u32, -libc::ENOSPC, 42));
+        Reply::device(channel, 43).ok(b"data");
+        assert_eq!(answer(&mut kernel), (abi::OUT_HEADER as u32 + 4, 0, 43));
+        let mut rest = [0u8; 4];
+        std::io::Read::read_exact(&mut kernel, &mut rest).unwrap();
+        assert_eq!(&rest, b"data");
+        // Nothing more (the channel is gone): each request was answered once.
+        assert_eq!(std::io::Read::read(&mut kernel, &mut rest).unwrap(), 0);
+    }
 }

@@ -169,8 +169,8 @@ pub struct Ring {
     channel: super::Channel,
 }
 
-/// Where the answer to a request that came on the ring goes.
-#[derive(Clone)]
+/// Where the answer to a request that came on the ring goes (answered
+/// once: `answer` takes it).
 pub struct Slot {
     ring: Arc<Ring>,
     index: usize,
@@ -397,7 +397,7 @@ impl Ring {
 impl Slot {
     /// The answer `payload` (error 0) or a negative errno; hands the entry
     /// back to the kernel for the next request.
-    pub fn answer(&self, error: i32, payload: &[u8]) {
+    pub fn answer(self, error: i32, payload: &[u8]) {
         let mut inner = self.ring.inner.lock().expect("FUSE ring poisoned");
         let memory = inner.memory.as_ref().expect("entries' memory while entries are live");
         // SAFETY: the entry is the server's until this command is submitted.
