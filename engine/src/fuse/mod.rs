@@ -268,10 +268,15 @@ impl Mount {
 fn start_ring(channel: &Channel, max_write: usize, handle: Arc<impl Fn(Request, Reply) + Send + Sync + 'static>) {
     let payload = max_write.max(abi::MIN_READ_BUFFER);
     match uring::Ring::start(channel.clone(), uring::queues(), payload) {
-        Ok(ring) => {
-            channel.ring.store(true, std::sync::atomic::Ordering::Release);
-            tracing::info!(queues = uring::queues(), depth = uring::DEPTH, "FUSE requests come over io_uring");
-            tokio::spawn(ring.serve(move |request, slot| handle(request, Reply::ring(slot))));
+        Ok(registered) => {
+            match &registered.refused {
+                None => {
+                    channel.ring.store(true, std::sync::atomic::Ordering::Release);
+                    tracing::info!(queues = uring::queues(), depth = uring::DEPTH, "FUSE requests come over io_uring");
+                }
+                Some(e) => tracing::warn!(error = %e, "the kernel refused FUSE ring entries; reading /dev/fuse"),
+            }
+            tokio::spawn(registered.ring.serve(move |request, slot| handle(request, Reply::ring(slot))));
         }
         Err(e) => tracing::warn!(error = %e, "FUSE over io_uring unavailable; reading /dev/fuse"),
     }

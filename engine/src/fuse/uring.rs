@@ -40,8 +40,6 @@ pub enum RingError {
     EventFd(std::io::Error),
     #[error("submit FUSE ring entries: {0}")]
     Submit(std::io::Error),
-    #[error("the kernel refused FUSE ring entries: {0}")]
-    Refused(std::io::Error),
 }
 
 /// The entries' memory, shared with the kernel: one anonymous mapping with
@@ -140,6 +138,8 @@ struct Inner {
     submit_requested: bool,
     /// Requests arrived since the payloads were last released.
     taken_since_trim: bool,
+    /// Completions reaped while registering, not yet served.
+    early: Vec<(usize, i32)>,
 }
 
 // SAFETY: the mapping is owned by Inner and used under the mutex; the ring
@@ -236,11 +236,20 @@ pub fn queues() -> usize {
     n.max(1) as usize
 }
 
+/// A ring whose entries went to the kernel.
+pub struct Registered {
+    pub ring: Arc<Ring>,
+    /// Why the kernel refused some entries: it then keeps sending on
+    /// `/dev/fuse`. The ring must still be served, for requests the kernel
+    /// put in the entries it took.
+    pub refused: Option<std::io::Error>,
+}
+
 impl Ring {
     /// Registers `DEPTH` entries on each of `queues` kernel queues, each able
     /// to carry `payload_len` bytes (the kernel wants room for its largest
     /// request: max_write, max_pages). Call after the INIT answer.
-    pub fn start(channel: super::Channel, queues: usize, payload_len: usize) -> Result<Arc<Ring>, RingError> {
+    pub fn start(channel: super::Channel, queues: usize, payload_len: usize) -> Result<Registered, RingError> {
         let fuse = channel.fd.get_ref().as_raw_fd();
         let count = queues * DEPTH;
         let uring = IoUring::<squeue::Entry128, cqueue::Entry>::builder()
@@ -259,8 +268,15 @@ impl Ring {
         let event = unsafe { AsyncFd::register_with_interest(event, tokio::io::Interest::READABLE) }
             .map_err(|e| RingError::EventFd(e.into_parts().1))?;
         let memory = Memory::new(count, payload_len).map_err(RingError::Memory)?;
-        let mut inner =
-            Inner { uring, memory: None, live: 0, unsubmitted: 0, submit_requested: false, taken_since_trim: false };
+        let mut inner = Inner {
+            uring,
+            memory: None,
+            live: 0,
+            unsubmitted: 0,
+            submit_requested: false,
+            taken_since_trim: false,
+            early: Vec::new(),
+        };
         for (index, iov) in memory.iov.iter().enumerate() {
             let iov = iov as *const [libc::iovec; 2] as *mut [libc::iovec; 2];
             let sqe = command(fuse, ring::CMD_REGISTER, ring::cmd_req(0, qid(index)), index, Some(iov));
@@ -271,19 +287,22 @@ impl Ring {
         inner.memory = Some(memory);
         inner.live = count;
         inner.uring.submit().map_err(RingError::Submit)?;
-        // A refused registration completes at once with its error.
+        // A refused registration completes at once with its error. The
+        // registrations that made the ring ready may already carry requests:
+        // those are kept for `serve`.
         let mut refused = None;
-        for cqe in inner.uring.completion() {
-            inner.live -= 1;
-            refused.get_or_insert(std::io::Error::from_raw_os_error(-cqe.result()));
+        let done: Vec<(usize, i32)> =
+            inner.uring.completion().map(|cqe| (cqe.user_data() as usize, cqe.result())).collect();
+        for (index, result) in done {
+            if result < 0 {
+                inner.live -= 1;
+                refused.get_or_insert(std::io::Error::from_raw_os_error(-result));
+            } else {
+                inner.early.push((index, result));
+            }
         }
         let ring = Arc::new(Ring { inner: Mutex::new(inner), event, submit: tokio::sync::Notify::new(), channel });
-        match refused {
-            // Entries the kernel did take stay with the ring until the
-            // kernel ends them; `serve` keeps reaping.
-            Some(e) => Err(RingError::Refused(e)),
-            None => Ok(ring),
-        }
+        Ok(Registered { ring, refused })
     }
 
     /// Takes the requests the kernel has put in entries, until every entry
@@ -371,8 +390,8 @@ impl Ring {
     fn take(&self) -> (Vec<(usize, u64, Result<Request, abi::ParseError>)>, usize) {
         let mut inner = self.inner.lock().expect("FUSE ring poisoned");
         let mut arrived = Vec::new();
-        let done: Vec<(usize, i32)> =
-            inner.uring.completion().map(|cqe| (cqe.user_data() as usize, cqe.result())).collect();
+        let mut done = std::mem::take(&mut inner.early);
+        done.extend(inner.uring.completion().map(|cqe| (cqe.user_data() as usize, cqe.result())));
         for (index, result) in done {
             if result < 0 {
                 // The mount is going (ENOTCONN, ECONNABORTED): the entry is over.
