@@ -45,7 +45,16 @@ pub enum RingError {
 /// The entries' memory, shared with the kernel: one anonymous mapping with
 /// every entry's header, then every entry's payload. Pages are faulted in
 /// only as requests fill them (4 KiB I/O touches one page of an entry's
-/// payload), so room for the largest request costs nothing until used.
+/// payload), so room for the largest request costs nothing until used; a
+/// burst of large requests leaves up to the whole mapping resident.
+///
+/// The pages are never given back while the ring lives: the kernel copies
+/// a request into an entry from task work on this thread, which runs on
+/// any return to user space (after an interrupt too), and the request
+/// then sits in the entry until its completion is reaped. No moment is
+/// safe to drop them without knowing which entries hold unreaped requests.
+/// (A periodic `madvise` did so for a while; with it, fio verify failed once
+/// in the suite's online-resize test: a write's data can read as zeros.)
 struct Memory {
     base: *mut u8,
     len: usize,
@@ -53,8 +62,6 @@ struct Memory {
     payload_len: usize,
     /// Each entry's two iovecs (header, payload), which REGISTER points at.
     iov: Box<[[libc::iovec; 2]]>,
-    /// Bytes of headers before the payloads.
-    headers: usize,
 }
 
 impl Memory {
@@ -86,17 +93,7 @@ impl Memory {
                 ]
             })
             .collect();
-        Ok(Memory { base, len, count, payload_len, iov, headers })
-    }
-
-    /// Drops every payload page (they read as zeros when next touched).
-    fn release_payloads(&self) {
-        // SAFETY: the payload part of the live mapping.
-        let rc =
-            unsafe { libc::madvise(self.base.add(self.headers).cast(), self.len - self.headers, libc::MADV_DONTNEED) };
-        if rc < 0 {
-            tracing::warn!(error = %std::io::Error::last_os_error(), "release FUSE ring payloads");
-        }
+        Ok(Memory { base, len, count, payload_len, iov })
     }
 
     /// Entry `i`'s header and payload.
@@ -136,8 +133,6 @@ struct Inner {
     /// was woken to submit them.
     unsubmitted: usize,
     submit_requested: bool,
-    /// Requests arrived since the payloads were last released.
-    taken_since_trim: bool,
     /// Completions reaped while registering, not yet served.
     early: Vec<(usize, i32)>,
 }
@@ -268,15 +263,8 @@ impl Ring {
         let event = unsafe { AsyncFd::register_with_interest(event, tokio::io::Interest::READABLE) }
             .map_err(|e| RingError::EventFd(e.into_parts().1))?;
         let memory = Memory::new(count, payload_len).map_err(RingError::Memory)?;
-        let mut inner = Inner {
-            uring,
-            memory: None,
-            live: 0,
-            unsubmitted: 0,
-            submit_requested: false,
-            taken_since_trim: false,
-            early: Vec::new(),
-        };
+        let mut inner =
+            Inner { uring, memory: None, live: 0, unsubmitted: 0, submit_requested: false, early: Vec::new() };
         for (index, iov) in memory.iov.iter().enumerate() {
             let iov = iov as *const [libc::iovec; 2] as *mut [libc::iovec; 2];
             let sqe = command(fuse, ring::CMD_REGISTER, ring::cmd_req(0, qid(index)), index, Some(iov));
@@ -308,8 +296,6 @@ impl Ring {
     /// Takes the requests the kernel has put in entries, until every entry
     /// has ended (the mount is gone). `handle` answers each through its slot.
     pub async fn serve(self: Arc<Self>, handle: impl Fn(Request, Slot)) {
-        let mut trim = tokio::time::interval(ironhorn_proto::allocator::TRIM_INTERVAL);
-        trim.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 ready = self.event.readable() => {
@@ -321,7 +307,6 @@ impl Ring {
                     ready.clear_ready();
                 }
                 _ = self.submit.notified() => {}
-                _ = trim.tick() => self.trim(),
             }
             self.submit_answers();
             let (arrived, live) = self.take();
@@ -358,33 +343,6 @@ impl Ring {
         }
     }
 
-    /// Gives the entries' payload pages back to the kernel after I/O, as the
-    /// allocator's trimmer does for the heap: a burst of large requests
-    /// leaves every entry's room faulted in.
-    ///
-    /// Safe with requests in flight because it is one `madvise`, made while no
-    /// answer waits to be submitted: entries in the kernel's hands hold
-    /// nothing yet (the kernel copies a request in only from task work on
-    /// this thread, so not during the call), entries in the server's hands
-    /// had their request copied out when reaped, and every answer already
-    /// went to the kernel (a commit is read when submitted).
-    ///
-    /// On a runtime with several threads the kernel's copy may run on
-    /// another thread during the call, so there the pages are kept.
-    fn trim(&self) {
-        if tokio::runtime::Handle::current().runtime_flavor() != tokio::runtime::RuntimeFlavor::CurrentThread {
-            return;
-        }
-        let mut inner = self.inner.lock().expect("FUSE ring poisoned");
-        if !inner.taken_since_trim || inner.unsubmitted > 0 {
-            return;
-        }
-        inner.taken_since_trim = false;
-        if let Some(memory) = &inner.memory {
-            memory.release_payloads();
-        }
-    }
-
     /// Reaps completions: the requests now in entries, and the entries live.
     #[allow(clippy::type_complexity)]
     fn take(&self) -> (Vec<(usize, u64, Result<Request, abi::ParseError>)>, usize) {
@@ -407,7 +365,6 @@ impl Ring {
             let size = ring::payload_size(header).min(payload.len());
             let request = abi::parse_ring(&header[ring::IN_OUT], &header[ring::OP_IN], &payload[..size]);
             arrived.push((index, unique, request));
-            inner.taken_since_trim = true;
         }
         (arrived, inner.live)
     }
