@@ -226,12 +226,14 @@ pub fn start(volume: Arc<Volume>, runtime: tokio::runtime::Handle, fuse_uring: b
     std::fs::create_dir_all(&mountpoint).map_err(|e| format!("create {}: {e}", mountpoint.display()))?;
     let name = volume.name.clone();
     let fs = VolumeFs { volume, partial: Arc::new(tokio::sync::Mutex::new(())) };
+    // Before the mount: the kernel decides at mount time (in the INIT it
+    // sends) whether to offer io_uring.
+    let ring = fuse_uring && fuse::uring::enable_in_kernel();
     let mount = {
         let _entered = runtime.enter();
         fuse::Mount::new(&format!("ironhorn-{name}"), &mountpoint).map_err(|e| e.to_string())?
     };
     let channel = mount.channel.clone();
-    let ring = fuse_uring && fuse::uring::enable_in_kernel();
     let server = runtime.spawn(async move {
         let served =
             fuse::Mount::serve(channel, MAX_IO_BYTES as u32, ring, move |request, reply| fs.handle(request, reply));
