@@ -129,9 +129,8 @@ struct Inner {
     /// Entries in the kernel's or the server's hands (not yet ended by an
     /// error completion).
     live: usize,
-    /// Answers pushed since the last submit, and whether the serving task
-    /// was woken to submit them.
-    unsubmitted: usize,
+    /// Whether the serving task was woken to submit the answers pushed
+    /// since the last submit (they are the submission queue's entries).
     submit_requested: bool,
     /// Completions reaped while registering, not yet served.
     early: Vec<(usize, i32)>,
@@ -263,8 +262,7 @@ impl Ring {
         let event = unsafe { AsyncFd::register_with_interest(event, tokio::io::Interest::READABLE) }
             .map_err(|e| RingError::EventFd(e.into_parts().1))?;
         let memory = Memory::new(count, payload_len).map_err(RingError::Memory)?;
-        let mut inner =
-            Inner { uring, memory: None, live: 0, unsubmitted: 0, submit_requested: false, early: Vec::new() };
+        let mut inner = Inner { uring, memory: None, live: 0, submit_requested: false, early: Vec::new() };
         for (index, iov) in memory.iov.iter().enumerate() {
             let iov = iov as *const [libc::iovec; 2] as *mut [libc::iovec; 2];
             let sqe = command(fuse, ring::CMD_REGISTER, ring::cmd_req(0, qid(index)), index, Some(iov));
@@ -330,14 +328,13 @@ impl Ring {
     fn submit_answers(&self) {
         let mut inner = self.inner.lock().expect("FUSE ring poisoned");
         inner.submit_requested = false;
-        if inner.unsubmitted == 0 {
+        if inner.uring.submission().is_empty() {
             return;
         }
-        match inner.uring.submit() {
-            Ok(n) => inner.unsubmitted -= n.min(inner.unsubmitted),
-            Err(e) => tracing::error!(error = %e, "FUSE ring submit failed"),
+        if let Err(e) = inner.uring.submit() {
+            tracing::error!(error = %e, "FUSE ring submit failed");
         }
-        if inner.unsubmitted > 0 {
+        if !inner.uring.submission().is_empty() {
             inner.submit_requested = true;
             self.submit.notify_one();
         }
@@ -395,7 +392,6 @@ impl Slot {
             tracing::error!("FUSE ring full");
             return;
         }
-        inner.unsubmitted += 1;
         if !inner.submit_requested {
             inner.submit_requested = true;
             self.ring.submit.notify_one();
