@@ -42,7 +42,12 @@ pub fn status_message(s: volume::VolumeStatus) -> StatusResponse {
         replicas: s
             .replicas
             .into_iter()
-            .map(|r| ReplicaStatus { address: r.address, mode: format!("{:?}", r.mode), error: r.error })
+            .map(|r| ReplicaStatus {
+                address: r.address,
+                mode: format!("{:?}", r.mode),
+                error: r.error,
+                transport: r.transport.to_string(),
+            })
             .collect(),
         rebuilds: s
             .rebuilds

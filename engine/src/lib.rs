@@ -32,6 +32,9 @@ pub struct ServeConfig {
     pub write_majority: bool,
     /// Frontend I/O limits (zeros: none); changed later with SetLimits.
     pub limits: limit::Limits,
+    /// This node's directory of same-node replica sockets: a replica with a
+    /// socket there is reached over it instead of TCP.
+    pub local_sockets: Option<std::path::PathBuf>,
 }
 
 /// Opens the volume, starts the frontends and the control server, and runs
@@ -43,10 +46,16 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
     if config.replicas.is_empty() {
         return Err("at least one --replica is needed".into());
     }
-    let (volume, to_rebuild) =
-        volume::Volume::open(&config.volume, config.size, config.epoch, &config.replicas, config.replica_timeout)
-            .await
-            .map_err(|e| format!("open volume {}: {e}", config.volume))?;
+    let (volume, to_rebuild) = volume::Volume::open(
+        &config.volume,
+        config.size,
+        config.epoch,
+        &config.replicas,
+        config.replica_timeout,
+        config.local_sockets.clone(),
+    )
+    .await
+    .map_err(|e| format!("open volume {}: {e}", config.volume))?;
     volume.set_rebuild_rate(config.rebuild_bytes_per_sec);
     volume.set_limits(config.limits);
     if config.write_majority {
@@ -79,7 +88,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     let router = tonic::transport::Server::builder()
         .add_service(control::EngineService::new(volume.clone(), block_device.clone()));
-    ironhorn_proto::shutdown::serve_router(router, incoming, std::time::Duration::from_secs(2), "control server")
+    ironhorn_proto::shutdown::serve_router(router, incoming, None, std::time::Duration::from_secs(2), "control server")
         .await?;
     tracing::info!("shutting down: flushing replicas");
     if let Err(e) = volume.flush().await {

@@ -59,6 +59,10 @@ enum Command {
         /// Frontend bytes per second, e.g. 100MiB (0: unlimited).
         #[arg(long, default_value = "0", value_parser = parse_size)]
         bandwidth_limit: u64,
+        /// This node's directory of replica sockets (a replica started with
+        /// the same --local-sockets is reached there instead of over TCP).
+        #[arg(long, value_name = "DIR")]
+        local_sockets: Option<std::path::PathBuf>,
     },
     /// Print the engine's status as JSON.
     Status {
@@ -165,7 +169,7 @@ fn print_status(s: StatusResponse) {
     let replicas: Vec<_> = s
         .replicas
         .iter()
-        .map(|r| serde_json::json!({"address": r.address, "mode": r.mode, "error": r.error}))
+        .map(|r| serde_json::json!({"address": r.address, "mode": r.mode, "error": r.error, "transport": r.transport}))
         .collect();
     let rebuilds: Vec<_> = s
         .rebuilds
@@ -224,6 +228,7 @@ async fn drive(command: Command) -> Result<(), String> {
             write_majority,
             iops_limit,
             bandwidth_limit,
+            local_sockets,
         } => {
             ironhorn_engine::serve(ServeConfig {
                 volume,
@@ -238,6 +243,7 @@ async fn drive(command: Command) -> Result<(), String> {
                 rebuild_bytes_per_sec: rebuild_mib_per_sec << 20,
                 write_majority,
                 limits: ironhorn_engine::limit::Limits { iops: iops_limit, bytes_per_sec: bandwidth_limit },
+                local_sockets,
             })
             .await
         }

@@ -55,6 +55,8 @@ type Waiters = Arc<Mutex<HashMap<u64, oneshot::Sender<IoResponse>>>>;
 
 pub struct ReplicaConn {
     pub address: String,
+    /// TCP, or the node's local socket for a replica on this node.
+    pub transport: ironhorn_proto::local::Transport,
     client: ReplicaClient<Channel>,
     tx: mpsc::UnboundedSender<IoRequest>,
     waiting: Waiters,
@@ -79,14 +81,20 @@ pub fn status_error(status: tonic::Status) -> ReplicaError {
 }
 
 impl ReplicaConn {
-    /// Connects (bounded by `timeout`) and opens the data stream.
-    pub async fn connect(address: &str, timeout: Duration) -> Result<ReplicaConn, ReplicaError> {
+    /// Connects (bounded by `timeout`) and opens the data stream; over the
+    /// replica's socket in `local_sockets` when it has one there.
+    pub async fn connect(
+        address: &str,
+        timeout: Duration,
+        local_sockets: Option<&std::path::Path>,
+    ) -> Result<ReplicaConn, ReplicaError> {
         let endpoint = ironhorn_proto::batch::replica_endpoint(address, timeout)
             .map_err(|e| ReplicaError::Invalid(format!("replica address {address:?}: {e}")))?;
-        let channel = tokio::time::timeout(timeout, endpoint.connect())
-            .await
-            .map_err(|_| ReplicaError::Failed(format!("connect to replica {address}: timed out")))?
-            .map_err(|e| ReplicaError::Failed(format!("connect to replica {address}: {e}")))?;
+        let (channel, transport) =
+            tokio::time::timeout(timeout, ironhorn_proto::local::connect(endpoint, address, local_sockets))
+                .await
+                .map_err(|_| ReplicaError::Failed(format!("connect to replica {address}: timed out")))?
+                .map_err(|e| ReplicaError::Failed(format!("connect to replica {address}: {e}")))?;
         let mut client = ReplicaClient::new(channel)
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES);
@@ -124,8 +132,12 @@ impl ReplicaConn {
             w.lock().expect("waiters").clear();
             let _ = closed_tx.send(true);
         });
+        if transport == ironhorn_proto::local::Transport::Local {
+            tracing::info!(replica = address, "connected over this node's local socket");
+        }
         Ok(ReplicaConn {
             address: address.to_string(),
+            transport,
             client,
             tx,
             waiting,

@@ -337,6 +337,13 @@ impl InstanceManagerService {
         Err(Status::resource_exhausted(format!("no free port left in {}-{}", self.config.ports.0, self.config.ports.1)))
     }
 
+    /// Engines and replicas this instance manager starts share its node's
+    /// socket directory: an engine reaches a replica of its own node there
+    /// instead of over TCP (see `ironhorn_proto::local`).
+    fn local_sockets(&self) -> [String; 2] {
+        ["--local-sockets".into(), self.config.data_dir.join("sockets").display().to_string()]
+    }
+
     fn command(&self, spec: &Spec, ports: &[u16]) -> (PathBuf, Vec<String>, String, String, String) {
         let ip = self.config.address;
         match spec {
@@ -355,6 +362,7 @@ impl InstanceManagerService {
                     address.clone(),
                 ];
                 let mut args = args;
+                args.extend(self.local_sockets());
                 if self.config.replica_fault_injection {
                     args.push("--fault-injection".into());
                 }
@@ -398,6 +406,7 @@ impl InstanceManagerService {
                 if *write_majority {
                     args.push("--write-majority".into());
                 }
+                args.extend(self.local_sockets());
                 for replica in replicas {
                     args.push("--replica".into());
                     args.push(replica.clone());

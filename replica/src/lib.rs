@@ -21,6 +21,9 @@ pub use ironhorn_proto::units::parse_size;
 pub struct ServeConfig {
     pub store: StoreConfig,
     pub listen: SocketAddr,
+    /// The node's directory of same-node sockets: the replica also listens
+    /// on `DIR/<listen address>.sock` (see `ironhorn_proto::local`).
+    pub local_sockets: Option<std::path::PathBuf>,
     /// Serve the `Faults` service (tests only).
     pub fault_injection: bool,
 }
@@ -45,6 +48,20 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
         clean_at_open = info.clean_at_open,
         "replica serving"
     );
+    // The same-node socket only saves engines on this node some CPU: a
+    // replica that cannot have one serves over TCP alone.
+    let local_listener = config.local_sockets.as_ref().and_then(|dir| {
+        match ironhorn_proto::local::Listener::bind(dir, &local.to_string()) {
+            Ok(listener) => {
+                tracing::info!(path = %listener.file.path().display(), "also serving on this node's local socket");
+                Some(listener)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "no local socket; engines on this node use TCP");
+                None
+            }
+        }
+    });
     // Tests and supervisors read this line to learn the bound address.
     ironhorn_proto::say!("listening on {local}");
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
@@ -56,9 +73,16 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
         .max_frame_size(ironhorn_proto::batch::H2_MAX_FRAME)
         .initial_stream_window_size(ironhorn_proto::batch::H2_STREAM_WINDOW)
         .initial_connection_window_size(ironhorn_proto::batch::H2_CONNECTION_WINDOW)
-        .add_service(server::ReplicaService::new(store.clone()))
+        .add_service(server::ReplicaService::new(store.clone(), config.local_sockets.clone()))
         .add_optional_service(faults);
-    ironhorn_proto::shutdown::serve_router(router, incoming, std::time::Duration::from_secs(2), "gRPC server").await?;
+    ironhorn_proto::shutdown::serve_router(
+        router,
+        incoming,
+        local_listener,
+        std::time::Duration::from_secs(2),
+        "gRPC server",
+    )
+    .await?;
     tracing::info!("shutting down");
     store.close().await.map_err(|e| format!("close store: {e}"))?;
     tracing::info!("store closed cleanly");

@@ -30,6 +30,10 @@ enum Command {
         /// Address for the gRPC server (port 0 picks one; it is printed).
         #[arg(long, default_value = "127.0.0.1:9500")]
         listen: std::net::SocketAddr,
+        /// Also listen on DIR/<listen address>.sock, for an engine on this
+        /// node given the same directory (faster than TCP on loopback).
+        #[arg(long, value_name = "DIR")]
+        local_sockets: Option<std::path::PathBuf>,
         /// Physical size of a new store (default: size × 1.25 + metadata).
         #[arg(long, value_parser = parse_size)]
         capacity: Option<u64>,
@@ -52,13 +56,18 @@ fn main() {
     ironhorn_proto::say::init_logging();
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Serve { store, size, grow, listen, capacity, io, fault_injection } => {
+        Command::Serve { store, size, grow, listen, local_sockets, capacity, io, fault_injection } => {
             let mut config = StoreConfig::new(store, size);
             config.grow = grow;
             config.capacity_bytes = capacity;
             config.backend = io;
             let runtime = ironhorn_proto::runtime::build().expect("tokio runtime");
-            runtime.block_on(ironhorn_replica::serve(ServeConfig { store: config, listen, fault_injection }))
+            runtime.block_on(ironhorn_replica::serve(ServeConfig {
+                store: config,
+                listen,
+                local_sockets,
+                fault_injection,
+            }))
         }
         Command::Delete { store } => ironhorn_replica::delete(&store),
     };

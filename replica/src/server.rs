@@ -35,11 +35,14 @@ pub struct ReplicaService {
     /// Clients of the replicas `CopyFrom` has read from, by address (one
     /// HTTP/2 connection each, made on first use and kept).
     peers: std::sync::Mutex<HashMap<String, ReplicaClient<Channel>>>,
+    local_sockets: Option<std::path::PathBuf>,
 }
 
 impl ReplicaService {
-    pub fn new(store: Arc<Store>) -> ReplicaServer<Self> {
-        ReplicaServer::new(Self { store, peers: Default::default() })
+    /// `local_sockets`: this node's directory of replica sockets, where a
+    /// peer on this node is reached (see `ironhorn_proto::local`).
+    pub fn new(store: Arc<Store>, local_sockets: Option<std::path::PathBuf>) -> ReplicaServer<Self> {
+        ReplicaServer::new(Self { store, peers: Default::default(), local_sockets })
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES)
     }
@@ -363,7 +366,8 @@ impl ReplicaService {
         }
         let endpoint = ironhorn_proto::batch::replica_endpoint(address, timeout)
             .map_err(|e| Status::invalid_argument(format!("source replica address {address:?}: {e}")))?;
-        let client = ReplicaClient::new(endpoint.connect_lazy())
+        let (channel, _) = ironhorn_proto::local::connect_lazy(endpoint, address, self.local_sockets.as_deref());
+        let client = ReplicaClient::new(channel)
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES);
         peers.insert(address.to_string(), client.clone());

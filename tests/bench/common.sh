@@ -2,7 +2,9 @@
 # BENCH (the script's name, for messages), DIR (a fresh directory), SIZE
 # and TOOLS (the commands the script needs). Gives: the release binaries
 # in BIN, PIDS (killed, with DIR removed, on exit), STORE_SIZE,
-# wait_listen, layout, fill and aim.
+# wait_listen, layout, fill and aim, and LOCAL: the arguments that put
+# engines and replicas on one node's local sockets (LOCAL_SOCKETS=1; TCP
+# on loopback otherwise).
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 for tool in $TOOLS; do
   command -v "$tool" >/dev/null || { echo "$BENCH: $tool is missing (apt-get install fio nbdkit libnbd-bin jq)" >&2; exit 1; }
@@ -11,6 +13,8 @@ cargo build --release --bins -q
 BIN=target/release
 mkdir -p "$DIR"
 PIDS=()
+LOCAL=()
+if [ "${LOCAL_SOCKETS:-0}" = 1 ]; then LOCAL=(--local-sockets "$DIR/sockets"); fi
 cleanup() {
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
   for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done

@@ -25,7 +25,7 @@ now() { date +%s.%N; }
 since() { awk -v a="$1" -v b="$(now)" 'BEGIN { print b - a }'; }
 start_replica() { # name [layout] -> prints address; pid in $DIR/name.pid
   [ "${2:-}" = keep ] || layout "$DIR/$1.img" "$STORE_SIZE"
-  "$BIN/ironhorn-replica" serve --store "file:$DIR/$1.img" --size "$SIZE"iB --listen 127.0.0.1:0 >"$DIR/$1.out" 2>"$DIR/$1.log" &
+  "$BIN/ironhorn-replica" serve --store "file:$DIR/$1.img" --size "$SIZE"iB --listen 127.0.0.1:0 "${LOCAL[@]}" >"$DIR/$1.out" 2>"$DIR/$1.log" &
   echo $! >"$DIR/$1.pid"
   wait_listen "$DIR/$1.out"
 }
@@ -66,7 +66,7 @@ echo "running: ironhorn full rebuild of an empty replica..." >&2
 R0=$(start_replica r0)
 PIDS+=("$(cat "$DIR/r0.pid")")
 "$BIN/ironhorn-engine" serve --volume "$VOL" --size "$SIZE"iB --epoch 1 --listen 127.0.0.1:0 \
-    --nbd "unix:$DIR/e.sock" --replica "$R0" >"$DIR/e.out" 2>"$DIR/e.log" &
+    --nbd "unix:$DIR/e.sock" --replica "$R0" "${LOCAL[@]}" >"$DIR/e.out" 2>"$DIR/e.log" &
 PIDS+=($!)
 E=$(wait_listen "$DIR/e.out")
 URI="nbd+unix:///$VOL?socket=$DIR/e.sock"

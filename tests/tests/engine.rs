@@ -843,3 +843,79 @@ fn an_idle_engine_fails_a_replica_cut_off_by_the_network() {
     let out = run("qemu-io", &["-f", "raw", &c.uri(), "-c", "write -P 0x31 0 64k", "-c", "read -P 0x31 0 64k"]);
     assert!(out.is_ok_and(|o| !o.contains("failed")), "the volume serves on the replica left");
 }
+
+/// The transport of each replica in an engine's status.
+fn transports(status: &serde_json::Value) -> std::collections::HashMap<String, String> {
+    status["replicas"]
+        .as_array()
+        .expect("replicas")
+        .iter()
+        .map(|r| (r["address"].as_str().unwrap().to_string(), r["transport"].as_str().unwrap().to_string()))
+        .collect()
+}
+
+/// Replicas started with the engine's `--local-sockets` directory are
+/// reached over their unix socket there; one without a socket (a stale file
+/// of a dead process in its place) over TCP. Data written over both reads
+/// back the same on every replica; a local replica killed under fio verify
+/// leaves a stale file, and a fresh local one is rebuilt and reached over
+/// its socket.
+#[test]
+fn same_node_replicas_are_reached_over_local_sockets_and_others_over_tcp() {
+    let dir = TempDir::new("eng-local");
+    let sockets = dir.path().join("sockets");
+    let sockets_arg = sockets.display().to_string();
+    let local = ["--local-sockets", sockets_arg.as_str()];
+    let store = |i: usize| format!("file:{}", dir.path().join(format!("r{i}.img")).display());
+    let r0 = start_replica("replica-0", &store(0), SIZE, dir.path(), &local).unwrap();
+    let r1 = start_replica("replica-1", &store(1), SIZE, dir.path(), &[]).unwrap();
+    let mut r2 = start_replica("replica-2", &store(2), SIZE, dir.path(), &local).unwrap();
+    for r in [&r0, &r2] {
+        let path = sockets.join(format!("{}.sock", r.address));
+        assert!(std::os::unix::fs::FileTypeExt::is_socket(&std::fs::metadata(&path).unwrap().file_type()), "{path:?}");
+    }
+    // A socket file nobody listens on, named for the TCP-only replica.
+    drop(std::os::unix::net::UnixListener::bind(sockets.join(format!("{}.sock", r1.address))).unwrap());
+
+    let socket = dir.path().join("vol.sock");
+    let addresses = [r0.address.clone(), r1.address.clone(), r2.address.clone()];
+    let refs: Vec<&str> = addresses.iter().map(String::as_str).collect();
+    let engine = start_engine("engine", "vol", SIZE, 1, &refs, &socket, dir.path(), &local).unwrap();
+    let status = engine_status(&engine);
+    let t = transports(&status);
+    assert_eq!((t[&r0.address].as_str(), t[&r1.address].as_str(), t[&r2.address].as_str()), ("unix", "tcp", "unix"));
+    let uri = nbd_uri("vol", &socket);
+    finish(fio(&uri, &["--rw=write", "--bs=1M", "--size=64M", "--end_fsync=1"]), "fio fill");
+
+    let mut run = fio(
+        &uri,
+        &[
+            "--rw=randwrite",
+            "--size=32M",
+            "--offset=64M",
+            "--verify=crc32c",
+            "--verify_fatal=1",
+            "--do_verify=1",
+            "--verify_state_save=0",
+        ],
+    );
+    wait_for_writes_in_flight(&engine.address, &mut run, 1000, Duration::from_secs(60));
+    let killed = r2.address.clone();
+    r2.kill9();
+    finish(run, "fio verify with a local replica killed");
+    assert_eq!(replica_modes(&engine_status(&engine))[&killed], "ERR");
+    let healthy = [r0.address.clone(), r1.address.clone()];
+    assert_identical(&images(&healthy, 1), &healthy);
+
+    // A fresh store on this node: rebuilt, then reached over its socket.
+    let r3 = start_replica("replica-3", &store(3), SIZE, dir.path(), &local).unwrap();
+    engine_cli(&["replica", "add", "--engine", &engine.address, "--replica", &r3.address]).expect("replica add");
+    let status = engine_status(&engine);
+    assert_eq!(replica_modes(&status)[&r3.address], "RW", "{status}");
+    assert_eq!(transports(&status)[&r3.address], "unix", "{status}");
+    assert_eq!(status["rebuilds"][0]["state"], "done", "{status}");
+    let all = [r0.address.clone(), r1.address.clone(), r3.address.clone()];
+    assert_identical(&images(&all, 1), &all);
+    drop(engine);
+    drop((r0, r1, r3));
+}

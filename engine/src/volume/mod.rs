@@ -141,6 +141,8 @@ pub struct ReplicaStatus {
     pub address: String,
     pub mode: Mode,
     pub error: String,
+    /// "tcp", "unix" (this node's local socket), or "" when not connected.
+    pub transport: &'static str,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -176,6 +178,8 @@ pub struct Volume {
     pause: tokio::sync::RwLock<()>,
     read_next: AtomicUsize,
     timeout: Duration,
+    /// This node's directory of replica sockets (see `ironhorn_proto::local`).
+    local_sockets: Option<std::path::PathBuf>,
     /// Dirty maps of replicas that are out, by store id.
     dirty: Mutex<HashMap<u64, DirtyMap>>,
     /// Chunks written since the last flush that every replica completed:
@@ -254,6 +258,7 @@ impl Volume {
         epoch: u64,
         addresses: &[String],
         timeout: Duration,
+        local_sockets: Option<std::path::PathBuf>,
     ) -> Result<(Arc<Volume>, Vec<String>)> {
         if size == 0 || size % BLOCK != 0 {
             return Err(VolumeError::Invalid(format!("volume size {size} must be a positive multiple of {BLOCK}")));
@@ -268,6 +273,7 @@ impl Volume {
             pause: tokio::sync::RwLock::new(()),
             read_next: AtomicUsize::new(0),
             timeout,
+            local_sockets,
             dirty: Mutex::new(HashMap::new()),
             unflushed: Mutex::new(Unflushed::default()),
             unflushed_writes: Arc::new(tokio::sync::Notify::new()),
@@ -403,7 +409,9 @@ impl Volume {
 
     /// Connects and fences: the replica remembers our epoch from now on.
     async fn prepare_replica(&self, address: &str) -> Result<(ReplicaConn, InfoResponse)> {
-        let conn = ReplicaConn::connect(address, self.timeout).await.map_err(|e| replica_error(address, e))?;
+        let conn = ReplicaConn::connect(address, self.timeout, self.local_sockets.as_deref())
+            .await
+            .map_err(|e| replica_error(address, e))?;
         let info = unary(self.timeout, conn.client().set_epoch(SetEpochRequest { epoch: self.epoch }))
             .await
             .map_err(|e| replica_error(address, e))?;
@@ -790,10 +798,20 @@ impl Volume {
             .read()
             .expect("replicas")
             .iter()
-            .map(|r| ReplicaStatus { address: r.address.clone(), mode: r.mode(), error: r.error() })
+            .map(|r| ReplicaStatus {
+                address: r.address.clone(),
+                mode: r.mode(),
+                error: r.error(),
+                transport: r.conn.transport.as_str(),
+            })
             .collect();
         for (address, why) in self.unreachable.lock().expect("unreachable").iter() {
-            replicas.push(ReplicaStatus { address: address.clone(), mode: Mode::ERR, error: why.clone() });
+            replicas.push(ReplicaStatus {
+                address: address.clone(),
+                mode: Mode::ERR,
+                error: why.clone(),
+                transport: "",
+            });
         }
         VolumeStatus {
             volume: self.name.clone(),
