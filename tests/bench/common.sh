@@ -14,7 +14,12 @@ BIN=target/release
 mkdir -p "$DIR"
 PIDS=()
 LOCAL=()
-if [ "${LOCAL_SOCKETS:-0}" = 1 ]; then LOCAL=(--local-sockets "$DIR/sockets"); fi
+if [ "${LOCAL_SOCKETS:-0}" = 1 ]; then
+  LOCAL=(--local-sockets "$DIR/sockets")
+  echo "engine to replicas: unix sockets (every replica on the engine's node; LOCAL_SOCKETS=1)"
+else
+  echo "engine to replicas: TCP on loopback, as to replicas on other nodes (LOCAL_SOCKETS=1: same-node sockets)"
+fi
 cleanup() {
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
   for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done

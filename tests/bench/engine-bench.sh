@@ -23,14 +23,14 @@ fio_job() { # rw iodepth target-args...
 
 start_replica() { # name; appends "--replica ADDRESS" to REPLICA_ARGS
   layout "$DIR/$1.img" "$STORE_SIZE"
-  "$BIN/ironhorn-replica" serve --store "file:$DIR/$1.img" --size "$SIZE"iB --listen 127.0.0.1:0 >"$DIR/$1.out" 2>"$DIR/$1.log" &
+  "$BIN/ironhorn-replica" serve --store "file:$DIR/$1.img" --size "$SIZE"iB --listen 127.0.0.1:0 "${LOCAL[@]}" >"$DIR/$1.out" 2>"$DIR/$1.log" &
   PIDS+=($!)
   REPLICA_ARGS+=(--replica "$(wait_listen "$DIR/$1.out")")
 }
 start_engine() { # name epoch extra-args... (replica args included)
   local name=$1; shift
   "$BIN/ironhorn-engine" serve --volume "$VOL$name" --size "$SIZE"iB --epoch 1 --listen 127.0.0.1:0 \
-      --nbd "unix:$DIR/$name.sock" "$@" >"$DIR/$name.out" 2>"$DIR/$name.log" &
+      --nbd "unix:$DIR/$name.sock" "${LOCAL[@]}" "$@" >"$DIR/$name.out" 2>"$DIR/$name.log" &
   PIDS+=($!)
   wait_listen "$DIR/$name.out" >/dev/null
 }

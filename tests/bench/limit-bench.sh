@@ -26,11 +26,11 @@ start_volume() { # name extra-engine-args...: an engine over one replica; its ad
   local name=$1; shift
   layout "$DIR/$name.img" "$STORE_SIZE"
   "$BIN/ironhorn-replica" serve --store "file:$DIR/$name.img" --size "$SIZE"iB --listen 127.0.0.1:0 \
-      >"$DIR/$name-r.out" 2>"$DIR/$name-r.log" &
+      "${LOCAL[@]}" >"$DIR/$name-r.out" 2>"$DIR/$name-r.log" &
   PIDS+=($!)
   local replica; replica=$(wait_listen "$DIR/$name-r.out")
   "$BIN/ironhorn-engine" serve --volume "$VOL$name" --size "$SIZE"iB --epoch 1 --listen 127.0.0.1:0 \
-      --nbd "unix:$DIR/$name.sock" --replica "$replica" "$@" >"$DIR/$name.out" 2>"$DIR/$name.log" &
+      --nbd "unix:$DIR/$name.sock" --replica "$replica" "${LOCAL[@]}" "$@" >"$DIR/$name.out" 2>"$DIR/$name.log" &
   PIDS+=($!)
   ENGINE=$(wait_listen "$DIR/$name.out")
 }

@@ -54,12 +54,12 @@ for replicas in 1 3; do
     for i in $(seq 1 "$replicas"); do
       layout "$DIR/$name-$i.img" "$STORE_SIZE"
       env "${env[@]}" "$BIN/ironhorn-replica" serve --store "file:$DIR/$name-$i.img" --size "$SIZE"iB \
-          --listen 127.0.0.1:0 >"$DIR/$name-$i.out" 2>"$DIR/$name-$i.log" &
+          --listen 127.0.0.1:0 "${LOCAL[@]}" >"$DIR/$name-$i.out" 2>"$DIR/$name-$i.log" &
       PIDS+=($!) rpids+=($!)
       args+=(--replica "$(wait_listen "$DIR/$name-$i.out")")
     done
     env "${env[@]}" "$BIN/ironhorn-engine" serve --volume "$VOL$name" --size "$SIZE"iB --epoch 1 \
-        --listen 127.0.0.1:0 --nbd "unix:$DIR/$name.sock" "${args[@]}" >"$DIR/$name.out" 2>"$DIR/$name.log" &
+        --listen 127.0.0.1:0 --nbd "unix:$DIR/$name.sock" "${args[@]}" "${LOCAL[@]}" >"$DIR/$name.out" 2>"$DIR/$name.log" &
     epid=$!
     PIDS+=($epid)
     wait_listen "$DIR/$name.out" >/dev/null

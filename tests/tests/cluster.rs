@@ -144,8 +144,16 @@ fn three_replicas_on_three_nodes_attach_fio_detach_delete_gives_space_back() {
     assert!(im > (1u64 << 20) as f64, "an instance manager and its processes use memory: {im}");
     let table = cluster.cli(&["volume", "list"]).unwrap();
     assert!(table.contains("attached") && table.contains("healthy") && table.contains("n-1"), "{table}");
-    // I/O limits changed on the volume reach its running engine.
+    // The engine reaches the replica on its own node over the node's local
+    // socket, the two on other nodes over TCP.
     let engine = cluster.engine_address("v1");
+    let status: serde_json::Value =
+        serde_json::from_str(&engine_cli(&["status", "--engine", &engine]).expect("engine status")).unwrap();
+    let mut transports: Vec<&str> =
+        status["replicas"].as_array().expect("replicas").iter().map(|r| r["transport"].as_str().unwrap()).collect();
+    transports.sort();
+    assert_eq!(transports, ["tcp", "tcp", "unix"], "{status}");
+    // I/O limits changed on the volume reach its running engine.
     let limits = || -> serde_json::Value {
         let status: serde_json::Value =
             serde_json::from_str(&engine_cli(&["status", "--engine", &engine]).expect("engine status")).unwrap();
