@@ -106,6 +106,7 @@ impl Cluster for HealthyNodes {
                     address: a.clone(),
                     mode: if failed { "ERR" } else { "RW" }.into(),
                     error: String::new(),
+                    transport: "tcp".into(),
                 }
             })
             .collect();
