@@ -409,6 +409,91 @@ fn blockdev_ext4_survives_a_replica_kill() {
     assert_eq!(replica_modes(&status)[&addresses[2]], "ERR");
 }
 
+/// What the block device's FUSE ring entries hold resident in process
+/// `pid`, in KiB: their memfd mapping in /proc/PID/smaps.
+fn ring_resident_kib(pid: u32) -> u64 {
+    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).expect("smaps");
+    let (mut in_ring, mut found, mut kib) = (false, false, 0);
+    for line in smaps.lines() {
+        let first = line.split_whitespace().next().unwrap_or("");
+        if !first.ends_with(':') {
+            // A mapping's first line: "start-end perms offset dev inode path".
+            in_ring = line.ends_with("/memfd:ironhorn-fuse-ring (deleted)");
+            found |= in_ring;
+        } else if in_ring && first == "Rss:" {
+            kib += line.split_whitespace().nth(1).and_then(|v| v.parse::<u64>().ok()).expect("Rss: N kB");
+        }
+    }
+    assert!(found, "the engine (pid {pid}) maps no ironhorn-fuse-ring memory");
+    kib
+}
+
+/// A burst of 1 MiB writes leaves the ring's entries holding their payload
+/// pages; once large I/O stops, the ring gives them back while 4 KiB I/O
+/// goes on (the ring idles between QD1 requests), and nothing is lost:
+/// fio verifies the small writes as they go and the large ones after.
+#[test]
+fn blockdev_ring_gives_large_io_pages_back_while_small_io_runs_and_loses_nothing() {
+    require_root();
+    require_tool("fio", "fio");
+    require_fuse_uring();
+    let mut c = Cluster::new("eng-trim", 2);
+    let volume = unique("trim");
+    let addresses = c.addresses();
+    let refs: Vec<&str> = addresses.iter().map(String::as_str).collect();
+    c.engine = Some(start_engine("engine", &volume, SIZE, 1, &refs, &c.socket, c.dir.path(), &["--blockdev"]).unwrap());
+    let frontend = blockdev_frontend(c.engine());
+    assert!(frontend.contains("FUSE over io_uring"), "requests should come over io_uring: {frontend}");
+    let pid = c.engine().pid();
+    let device = format!("/dev/ironhorn/{volume}");
+    let fio = |name: &str, rest: &[&str]| {
+        let mut cmd = Command::new("fio");
+        cmd.args([
+            &format!("--name={name}"),
+            &format!("--filename={device}"),
+            "--ioengine=io_uring",
+            "--direct=1",
+            "--verify=crc32c",
+            "--verify_fatal=1",
+        ])
+        .args(rest)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+        cmd
+    };
+    let large = ["--rw=write", "--bs=1M", "--iodepth=16", "--size=64M"];
+    let out = fio("large", &large).args(["--do_verify=0"]).output().unwrap();
+    assert!(out.status.success(), "1 MiB writes: {}", String::from_utf8_lossy(&out.stdout));
+    let peak = ring_resident_kib(pid);
+    assert!(peak >= 4096, "1 MiB writes should fill the ring's entries; {peak} KiB resident");
+
+    let mut small = fio("small", &["--rw=randwrite", "--bs=4k", "--iodepth=1", "--offset=64M", "--size=32M"])
+        .args(["--do_verify=1"])
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let trimmed = loop {
+        // Whether fio runs is read before the ring's memory, so pages found
+        // gone were given back while it ran.
+        let running = small.try_wait().unwrap().is_none();
+        let now = ring_resident_kib(pid);
+        assert!(running, "the small I/O ended with {now} KiB of the ring's {peak} still resident");
+        if now <= peak / 4 {
+            break now;
+        }
+        assert!(Instant::now() < deadline, "the ring still holds {now} KiB of {peak} after 120 s");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let out = small.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "4 KiB writes verified after the ring trimmed to {trimmed} KiB: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let out = fio("large", &large).args(["--verify_only"]).output().unwrap();
+    assert!(out.status.success(), "the 1 MiB writes read back: {}", String::from_utf8_lossy(&out.stdout));
+}
+
 /// The block device's FUSE file: an fsync reaches every replica (nothing
 /// acknowledged is left unflushed after it returns), unaligned writes that
 /// straddle blocks read back byte for byte, and a read past the end is short.

@@ -8,6 +8,7 @@
 //! a write to `/dev/fuse` never blocks.
 
 pub mod abi;
+mod trim;
 pub mod uring;
 
 use std::ffi::CString;

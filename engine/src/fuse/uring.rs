@@ -10,6 +10,13 @@
 //! buffers from task work on this thread, so the buffers are only ever
 //! touched by this process while the entry is in its hands.
 //!
+//! On a current-thread runtime (the engine's), the ring defers that task
+//! work (`IORING_SETUP_DEFER_TASKRUN`): the kernel then fills entries only
+//! inside this thread's own `io_uring_enter`, never on some other return to
+//! user space, so right after an enter and a full reap the server knows
+//! every entry that holds a request, and can give the others' payload pages
+//! back (see `trim`).
+//!
 //! Requests the kernel does not route through the ring (interrupts, forgets)
 //! still come on `/dev/fuse`, which [`super::Mount::serve`] goes on reading.
 
@@ -20,6 +27,7 @@ use io_uring::{IoUring, cqueue, opcode, squeue, types};
 use tokio::io::unix::AsyncFd;
 
 use super::abi::{self, Request, ring};
+use super::trim;
 
 /// Entries per kernel queue: the most requests one CPU's queue holds in
 /// the server's hands at once (the loop device's queue depth is 128 across
@@ -48,13 +56,13 @@ pub enum RingError {
 /// payload), so room for the largest request costs nothing until used; a
 /// burst of large requests leaves up to the whole mapping resident.
 ///
-/// The pages are never given back while the ring lives: the kernel copies
-/// a request into an entry from task work on this thread, which runs on
-/// any return to user space (after an interrupt too), and the request
-/// then sits in the entry until its completion is reaped. No moment is
-/// safe to drop them without knowing which entries hold unreaped requests.
-/// (A periodic `madvise` did so for a while; with it, fio verify failed once
-/// in the suite's online-resize test: a write's data can read as zeros.)
+/// Pages go back only on a ring with deferred task work, and only for
+/// entries the kernel holds, right after an enter and a reap (`Ring::trim`).
+/// Without deferral the kernel copies a request into an entry from task
+/// work that runs on any return to user space (after an interrupt too), and
+/// the request then sits in the entry until its completion is reaped: no
+/// moment is safe. (A periodic `madvise` on such a ring made fio verify fail
+/// once in the suite's online-resize test: a write's data read as zeros.)
 struct Memory {
     base: *mut u8,
     len: usize,
@@ -68,14 +76,26 @@ impl Memory {
     fn new(count: usize, payload_len: usize) -> std::io::Result<Memory> {
         let headers = (count * ring::HEADER).next_multiple_of(4096);
         let len = headers + count * payload_len;
-        // SAFETY: an anonymous private mapping; checked below.
+        // A memfd, not anonymous memory, so the mapping has a name in
+        // /proc/PID/smaps (this kernel lacks named anonymous mappings).
+        // SAFETY: a NUL-terminated name; the fd is checked below.
+        let fd = unsafe { libc::memfd_create(MEMORY_NAME.as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: memfd_create returned a new fd that nothing else owns.
+        let file = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+        // Sparse: pages are allocated only as entries fill them.
+        file.set_len(len as u64)?;
+        // SAFETY: a shared mapping of the memfd; checked below. The mapping
+        // keeps the memory after the fd closes.
         let base = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
                 len,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
+                libc::MAP_SHARED | libc::MAP_NORESERVE,
+                file.as_raw_fd(),
                 0,
             )
         };
@@ -94,6 +114,19 @@ impl Memory {
             })
             .collect();
         Ok(Memory { base, len, count, payload_len, iov })
+    }
+
+    /// Gives entry `i`'s payload pages back: they read as zeros after.
+    ///
+    /// # Safety
+    /// Only while neither the kernel nor a borrow uses the payload.
+    unsafe fn drop_payload(&self, i: usize) -> std::io::Result<()> {
+        let [_, payload] = self.iov[i];
+        // SAFETY: the range is entry i's payload inside the live mapping,
+        // page aligned (the payloads start on a page and are multiples of it).
+        // MADV_REMOVE frees the memfd's pages, not only this mapping of them.
+        let rc = unsafe { libc::madvise(payload.iov_base, self.payload_len, libc::MADV_REMOVE) };
+        if rc == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
     }
 
     /// Entry `i`'s header and payload.
@@ -134,6 +167,13 @@ struct Inner {
     submit_requested: bool,
     /// Completions reaped while registering, not yet served.
     early: Vec<(usize, i32)>,
+    /// Task work is deferred to this thread's enters (see the module doc);
+    /// only then are payload pages given back.
+    deferred: bool,
+    /// Each entry's state, for trimming.
+    uses: Vec<trim::Use>,
+    last_large: std::time::Instant,
+    trim_not_before: std::time::Instant,
 }
 
 // SAFETY: the mapping is owned by Inner and used under the mutex; the ring
@@ -148,6 +188,36 @@ impl Drop for Inner {
             // its memory must outlive that.
             tracing::warn!(entries = self.live, "FUSE ring dropped with entries in the kernel; keeping their memory");
             std::mem::forget(self.memory.take());
+        }
+    }
+}
+
+impl Inner {
+    /// Submits what is queued and runs deferred task work (the kernel fills
+    /// entries with requests and posts their completions in this call).
+    fn enter(&mut self) -> std::io::Result<usize> {
+        let queued = self.uring.submission().len() as u32;
+        // SAFETY: no signal mask or timeout argument is passed.
+        unsafe { self.uring.submitter().enter::<libc::sigset_t>(queued, 0, ENTER_GETEVENTS, None) }
+    }
+
+    /// Entry `index` took `bytes` of payload; it is now in the server's
+    /// hands (`busy`) or its answer is queued for the kernel.
+    fn used(&mut self, index: usize, bytes: usize, busy: bool) {
+        let u = &mut self.uses[index];
+        u.busy = busy;
+        u.touched = u.touched.max(bytes);
+        if bytes > trim::PAGE {
+            self.last_large = std::time::Instant::now();
+        }
+    }
+
+    fn activity(&mut self, reaped: bool) -> trim::Activity {
+        trim::Activity {
+            last_large: self.last_large,
+            reaped,
+            unsubmitted: !self.uring.submission().is_empty(),
+            not_before: self.trim_not_before,
         }
     }
 }
@@ -193,6 +263,13 @@ fn command(
     // SAFETY: the same bytes back into the same type.
     unsafe { std::mem::transmute::<[u8; 128], squeue::Entry128>(raw) }
 }
+
+/// `IORING_ENTER_GETEVENTS` (the io-uring crate keeps its constant private).
+const ENTER_GETEVENTS: u32 = 1;
+
+/// The entries' memory as /proc/PID/smaps names it: `/memfd:` this
+/// ` (deleted)`.
+pub const MEMORY_NAME: &std::ffi::CStr = c"ironhorn-fuse-ring";
 
 const ENABLE: &str = "/sys/module/fuse/parameters/enable_uring";
 
@@ -246,9 +323,15 @@ impl Ring {
     pub fn start(channel: super::Channel, queues: usize, payload_len: usize) -> Result<Registered, RingError> {
         let fuse = channel.fd.get_ref().as_raw_fd();
         let count = queues * DEPTH;
-        let uring = IoUring::<squeue::Entry128, cqueue::Entry>::builder()
-            .build(count.next_power_of_two() as u32)
-            .map_err(RingError::Create)?;
+        // Deferred task work needs every enter to come from this thread: a
+        // current-thread runtime keeps the serving task on it.
+        let deferred = tokio::runtime::Handle::try_current()
+            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread);
+        let mut builder = IoUring::<squeue::Entry128, cqueue::Entry>::builder();
+        if deferred {
+            builder.setup_single_issuer().setup_defer_taskrun();
+        }
+        let uring = builder.build(count.next_power_of_two() as u32).map_err(RingError::Create)?;
         // SAFETY: eventfd returns a new fd or -1.
         let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
         if fd < 0 {
@@ -262,7 +345,17 @@ impl Ring {
         let event = unsafe { AsyncFd::register_with_interest(event, tokio::io::Interest::READABLE) }
             .map_err(|e| RingError::EventFd(e.into_parts().1))?;
         let memory = Memory::new(count, payload_len).map_err(RingError::Memory)?;
-        let mut inner = Inner { uring, memory: None, live: 0, submit_requested: false, early: Vec::new() };
+        let mut inner = Inner {
+            uring,
+            memory: None,
+            live: 0,
+            submit_requested: false,
+            early: Vec::new(),
+            deferred,
+            uses: vec![trim::Use::default(); count],
+            last_large: std::time::Instant::now(),
+            trim_not_before: std::time::Instant::now(),
+        };
         for (index, iov) in memory.iov.iter().enumerate() {
             let iov = iov as *const [libc::iovec; 2] as *mut [libc::iovec; 2];
             let sqe = command(fuse, ring::CMD_REGISTER, ring::cmd_req(0, qid(index)), index, Some(iov));
@@ -272,7 +365,11 @@ impl Ring {
         }
         inner.memory = Some(memory);
         inner.live = count;
-        inner.uring.submit().map_err(RingError::Submit)?;
+        if deferred {
+            inner.enter().map_err(RingError::Submit)?;
+        } else {
+            inner.uring.submit().map_err(RingError::Submit)?;
+        }
         // A refused registration completes at once with its error. The
         // registrations that made the ring ready may already carry requests:
         // those are kept for `serve`.
@@ -295,7 +392,9 @@ impl Ring {
     /// has ended (the mount is gone). `handle` answers each through its slot.
     pub async fn serve(self: Arc<Self>, handle: impl Fn(Request, Slot)) {
         loop {
+            let due = self.trim_due();
             tokio::select! {
+                _ = tokio::time::sleep_until(due.unwrap_or_else(std::time::Instant::now).into()), if due.is_some() => {}
                 ready = self.event.readable() => {
                     let Ok(mut ready) = ready else { return };
                     let mut counter = [0u8; 8];
@@ -308,6 +407,8 @@ impl Ring {
             }
             self.submit_answers();
             let (arrived, live) = self.take();
+            // Right after the enter and the reap: see `trim`.
+            self.trim(!arrived.is_empty());
             for (index, unique, request) in arrived {
                 let slot = Slot { ring: self.clone(), index, unique };
                 match request {
@@ -325,19 +426,71 @@ impl Ring {
         }
     }
 
+    /// Submits the answers pushed since the last call; on a deferred ring
+    /// also runs the kernel's task work, which fills entries with requests.
     fn submit_answers(&self) {
         let mut inner = self.inner.lock().expect("FUSE ring poisoned");
         inner.submit_requested = false;
-        if inner.uring.submission().is_empty() {
+        if inner.deferred {
+            if let Err(e) = inner.enter() {
+                tracing::error!(error = %e, "FUSE ring enter failed");
+            }
+        } else if inner.uring.submission().is_empty() {
             return;
-        }
-        if let Err(e) = inner.uring.submit() {
+        } else if let Err(e) = inner.uring.submit() {
             tracing::error!(error = %e, "FUSE ring submit failed");
         }
         if !inner.uring.submission().is_empty() {
             inner.submit_requested = true;
             self.submit.notify_one();
         }
+    }
+
+    /// When the serving task should look at trimming, if ever.
+    fn trim_due(&self) -> Option<std::time::Instant> {
+        let mut inner = self.inner.lock().expect("FUSE ring poisoned");
+        if !inner.deferred {
+            return None;
+        }
+        let activity = inner.activity(false);
+        trim::due(&inner.uses, &activity)
+    }
+
+    /// Gives back the payload pages of entries the kernel holds, once large
+    /// payloads have stopped (`trim::plan`). Called right after an enter
+    /// and a reap with nothing in between: the kernel fills an entry only
+    /// inside this thread's enters and posts its completion in the same
+    /// call, so every entry holding a request was just reaped (busy), and an
+    /// entry not busy holds nothing until the next enter. `reaped`: the reap
+    /// took requests (then nothing is trimmed this time).
+    fn trim(&self, reaped: bool) {
+        let mut inner = self.inner.lock().expect("FUSE ring poisoned");
+        if !inner.deferred {
+            return;
+        }
+        let activity = inner.activity(reaped);
+        let now = std::time::Instant::now();
+        let plan = trim::plan(&inner.uses, &activity, now);
+        if plan.is_empty() {
+            if trim::due(&inner.uses, &activity).is_some_and(|due| due <= now) {
+                inner.trim_not_before = now + trim::RETRY;
+            }
+            return;
+        }
+        let Some(memory) = inner.memory.as_ref() else { return };
+        let mut given = 0;
+        for &i in &plan {
+            // SAFETY: entry i is in the kernel's hands waiting for a request,
+            // which it can only copy in during a later enter of ours.
+            match unsafe { memory.drop_payload(i) } {
+                Ok(()) => given += 1,
+                Err(e) => tracing::warn!(entry = i, error = %e, "madvise of a FUSE ring entry failed"),
+            }
+        }
+        for &i in &plan {
+            inner.uses[i].touched = 0;
+        }
+        tracing::debug!(entries = given, "gave FUSE ring entries' payload pages back");
     }
 
     /// Reaps completions: the requests now in entries, and the entries live.
@@ -362,6 +515,7 @@ impl Ring {
             let size = ring::payload_size(header).min(payload.len());
             let request = abi::parse_ring(&header[ring::IN_OUT], &header[ring::OP_IN], &payload[..size]);
             arrived.push((index, unique, request));
+            inner.used(index, size, true);
         }
         (arrived, inner.live)
     }
@@ -383,6 +537,7 @@ impl Slot {
         };
         room[..payload.len()].copy_from_slice(payload);
         ring::set_answer(header, self.unique, error, payload.len());
+        inner.used(self.index, payload.len(), false);
         let fuse = self.ring.channel.fd.get_ref().as_raw_fd();
         let sqe =
             command(fuse, ring::CMD_COMMIT_AND_FETCH, ring::cmd_req(self.unique, qid(self.index)), self.index, None);
