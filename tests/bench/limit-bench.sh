@@ -78,6 +78,8 @@ echo "running: a bandwidth limit of $BANDWIDTH/s, 64 KiB reads..." >&2
 job alone2 randread 64k neighbour; wait $!
 job bw randread 64k limited; a=$!; job nb2 randread 64k neighbour; b=$!; wait $a $b
 job alone2_after randread 64k neighbour; wait $!
+echo "running: both, the other one unlimited and fio pacing itself to $BANDWIDTH/s..." >&2
+job bw_self randread 64k paced --rate="$(numfmt --from=iec "$BANDWIDTH")"; a=$!; job nb2_self randread 64k neighbour; b=$!; wait $a $b
 
 bw_limit=$(numfmt --from=iec "$BANDWIDTH")
 row() { # what measured limit
@@ -99,5 +101,10 @@ awk -v m="$(iops nb_self)" -v a="$self_base" -v s="$(iops self)" \
 row "limit changed live, 4 KiB randread, IOPS" "$(iops lim2)" "$IOPS2"
 row "bandwidth limit, 64 KiB randread, bytes/s" "$(bw bw)" "$bw_limit"
 neighbour "neighbour at the same time, bytes/s" "$(bw nb2)" "$(( ($(bw alone2) + $(bw alone2_after)) / 2 ))"
+# The same load without the limiter: what sharing the disk alone costs the
+# neighbour (with 64 KiB reads of stores that 4 KiB random writes have
+# scattered, the disk is the bottleneck here).
+awk -v m="$(bw nb2_self)" -v a="$(( ($(bw alone2) + $(bw alone2_after)) / 2 ))" -v s="$(bw bw_self)" \
+  'BEGIN { printf "| (neighbour beside fio pacing itself to the same rate, no limit: %.0f bytes/s) | %.0f | %.0f (alone) | %.3f | |\n", s, m, a, m / a }'
 echo
 echo "neighbour alone before / after: $(iops alone | cut -d. -f1) / $(iops alone_after | cut -d. -f1) IOPS, $(bw alone2) / $(bw alone2_after) bytes/s"
