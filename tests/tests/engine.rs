@@ -467,11 +467,12 @@ fn blockdev_ring_gives_large_io_pages_back_while_small_io_runs_and_loses_nothing
     let peak = ring_resident_kib(pid);
     assert!(peak >= 4096, "1 MiB writes should fill the ring's entries; {peak} KiB resident");
 
-    let mut small = fio("small", &["--rw=randwrite", "--bs=4k", "--iodepth=1", "--offset=64M", "--size=32M"])
+    let mut small = fio("small", &["--rw=randwrite", "--bs=4k", "--iodepth=1", "--offset=64M", "--size=64M"])
         .args(["--do_verify=1"])
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(120);
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(120);
     let trimmed = loop {
         // Whether fio runs is read before the ring's memory, so pages found
         // gone were given back while it ran.
