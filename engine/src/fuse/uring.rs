@@ -50,8 +50,9 @@ pub enum RingError {
     Submit(std::io::Error),
 }
 
-/// The entries' memory, shared with the kernel: one anonymous mapping with
-/// every entry's header, then every entry's payload. Pages are faulted in
+/// The entries' memory, shared with the kernel: one mapping of a memfd
+/// (named [`MEMORY_NAME`]) with every entry's header, then every entry's
+/// payload. Pages are faulted in
 /// only as requests fill them (4 KiB I/O touches one page of an entry's
 /// payload), so room for the largest request costs nothing until used; a
 /// burst of large requests leaves up to the whole mapping resident.
