@@ -339,6 +339,19 @@ fn blockdev_frontend(engine: &Process) -> String {
         .into()
 }
 
+/// Starts the cluster's engine on a new volume with a block device
+/// (`flags`) over every replica, checks its FUSE requests come over
+/// `transport`, and gives the volume's name.
+fn start_blockdev_engine(c: &mut Cluster, name: &str, flags: &[&str], transport: &str) -> String {
+    let volume = unique(name);
+    let addresses = c.addresses();
+    let refs: Vec<&str> = addresses.iter().map(String::as_str).collect();
+    c.engine = Some(start_engine("engine", &volume, SIZE, 1, &refs, &c.socket, c.dir.path(), flags).unwrap());
+    let frontend = blockdev_frontend(c.engine());
+    assert!(frontend.contains(transport), "requests should come over {transport}: {frontend}");
+    volume
+}
+
 /// This kernel has FUSE over io_uring (CONFIG_FUSE_IO_URING): the engine
 /// turns the fuse module's parameter on and serves the block device there.
 fn require_fuse_uring() {
@@ -355,14 +368,10 @@ fn blockdev_ext4_survives_a_replica_kill() {
     require_tool("fio", "fio");
     require_fuse_uring();
     let mut c = Cluster::new("eng-bd", 3);
-    let volume = unique("bd");
     let addresses = c.addresses();
-    let refs: Vec<&str> = addresses.iter().map(String::as_str).collect();
-    c.engine = Some(start_engine("engine", &volume, SIZE, 1, &refs, &c.socket, c.dir.path(), &["--blockdev"]).unwrap());
+    let volume = start_blockdev_engine(&mut c, "bd", &["--blockdev"], "FUSE over io_uring");
     let device = format!("/dev/ironhorn/{volume}");
     assert!(Path::new(&device).exists(), "{device} exists");
-    let frontend = blockdev_frontend(c.engine());
-    assert!(frontend.contains("FUSE over io_uring"), "requests should come over io_uring: {frontend}");
     // Many requests in flight on the ring at once, every block checked.
     let fio = Command::new("fio")
         .args([
@@ -438,12 +447,7 @@ fn blockdev_ring_gives_large_io_pages_back_while_small_io_runs_and_loses_nothing
     require_tool("fio", "fio");
     require_fuse_uring();
     let mut c = Cluster::new("eng-trim", 2);
-    let volume = unique("trim");
-    let addresses = c.addresses();
-    let refs: Vec<&str> = addresses.iter().map(String::as_str).collect();
-    c.engine = Some(start_engine("engine", &volume, SIZE, 1, &refs, &c.socket, c.dir.path(), &["--blockdev"]).unwrap());
-    let frontend = blockdev_frontend(c.engine());
-    assert!(frontend.contains("FUSE over io_uring"), "requests should come over io_uring: {frontend}");
+    let volume = start_blockdev_engine(&mut c, "trim", &["--blockdev"], "FUSE over io_uring");
     let pid = c.engine().pid();
     let device = format!("/dev/ironhorn/{volume}");
     let fio = |name: &str, rest: &[&str]| {
@@ -514,12 +518,7 @@ fn fsync_and_unaligned_file_io(name: &str, flags: &[&str], transport: &str) {
     use std::io::{Read, Seek, SeekFrom, Write};
     require_root();
     let mut c = Cluster::new(&format!("eng-{name}"), 2);
-    let volume = unique(name);
-    let addresses = c.addresses();
-    let refs: Vec<&str> = addresses.iter().map(String::as_str).collect();
-    c.engine = Some(start_engine("engine", &volume, SIZE, 1, &refs, &c.socket, c.dir.path(), flags).unwrap());
-    let frontend = blockdev_frontend(c.engine());
-    assert!(frontend.contains(transport), "expected {transport}: {frontend}");
+    let volume = start_blockdev_engine(&mut c, name, flags, transport);
     // Asked over gRPC from this process: a child process would inherit the
     // open file and close it, and FUSE flushes on every close.
     let rt = runtime();
@@ -572,20 +571,22 @@ fn an_interrupted_rebuild_resumes_instead_of_starting_over() {
     engine_cli(&["replica", "add", "--engine", &c.engine().address, "--replica", &target, "--no-wait"]).unwrap();
     // Interrupt the rebuild part-way by killing the target.
     let deadline = Instant::now() + Duration::from_secs(120);
-    let copied_before = loop {
+    let (copied_before, running) = loop {
         let status = engine_status(c.engine());
         let r = &status["rebuilds"][0];
         let copied = r["copied_bytes"].as_u64().unwrap_or(0);
         if copied >= 48 << 20 {
             assert_eq!(r["state"], "running", "the rebuild must still be copying when its target dies: {r}");
-            break copied;
+            break (copied, r.clone());
         }
         assert_ne!(r["state"], "done", "rebuild finished before it could be interrupted: {r}");
         assert!(Instant::now() < deadline, "rebuild made no progress: {status}");
         std::thread::sleep(Duration::from_millis(20));
     };
-    eprintln!("killing the target at {copied_before} bytes copied: {}", engine_status(c.engine())["rebuilds"][0]);
+    // Killed straight after the look that saw it copying; whether the
+    // rebuild was still running then is checked below (it must fail, not end).
     c.replicas[1].kill9();
+    eprintln!("killed the target while the rebuild was at: {running}");
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let state = engine_status(c.engine())["rebuilds"][0]["state"].clone();
@@ -738,6 +739,8 @@ fn metrics_count_each_frontend_request() {
 /// those (dirty map, at most four 1 MiB chunks), whatever went before, and
 /// ends identical to the others.
 fn kill_write_and_readd_copies_only_the_new_writes(c: &mut Cluster, address: &str) {
+    // Killed with no I/O in flight on purpose: what is checked is that only
+    // the writes made while it is away are copied when it comes back.
     c.replicas[1].kill9();
     finish(fio(&c.uri(), &["--rw=randwrite", "--size=2M", "--offset=200M"]), "fio while it is away");
     assert_eq!(replica_modes(&engine_status(c.engine()))[address], "ERR");

@@ -16,8 +16,8 @@ pub const PAGE: usize = 4096;
 /// entries are trimmed (a sequential stream keeps its pages).
 pub const QUIET: Duration = Duration::from_secs(2);
 
-/// After a look that trimmed nothing because work was pending, the next
-/// look waits this long (small I/O keeps work pending; no busy loop).
+/// After a look that found work pending, the next look on an idle ring
+/// waits this long (small I/O keeps work pending; no busy loop).
 pub const RETRY: Duration = Duration::from_millis(200);
 
 /// What the ring knows of one entry.
@@ -29,35 +29,45 @@ pub struct Use {
     pub touched: usize,
 }
 
-/// What the ring saw since its last trim.
+/// What the ring saw up to this look.
 #[derive(Clone, Copy, Debug)]
 pub struct Activity {
     /// When a payload larger than a page last went through an entry.
     pub last_large: Instant,
-    /// Whether the reap just before this decision took any request.
+    /// Whether the reap just before this look took any request.
     pub reaped: bool,
     /// Whether answers are pushed but not yet submitted.
     pub unsubmitted: bool,
-    /// No look before this (see [`RETRY`]).
-    pub not_before: Instant,
 }
 
-/// When to look again: the moment large payloads will have stopped for
-/// [`QUIET`], if an entry the kernel holds has pages to give back (a busy
-/// one is looked at when its answer wakes the ring anyway).
-pub fn due(uses: &[Use], activity: &Activity) -> Option<Instant> {
-    uses.iter().any(|u| !u.busy && u.touched > PAGE).then(|| (activity.last_large + QUIET).max(activity.not_before))
+/// What one look decides.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Decision {
+    /// The entries whose payload pages go back now.
+    pub trim: Vec<usize>,
+    /// When an otherwise idle ring looks again (none: only when woken).
+    pub look_again: Option<Instant>,
 }
 
-/// The entries whose payload pages go back now. Only entries the kernel
-/// holds waiting for a request (not busy), only when nothing is pending
-/// (no request just reaped, no answer unsubmitted), and only once large
-/// payloads have stopped for [`QUIET`].
-pub fn plan(uses: &[Use], activity: &Activity, now: Instant) -> Vec<usize> {
-    if activity.reaped || activity.unsubmitted || now < activity.last_large + QUIET || now < activity.not_before {
-        return Vec::new();
+/// Only entries the kernel holds waiting for a request (not busy) that
+/// held more than a page are trimmed, only once large payloads have
+/// stopped for [`QUIET`], and only when nothing is pending (no request just
+/// reaped, no answer unsubmitted). A busy entry is looked at again when its
+/// answer wakes the ring.
+pub fn decide(uses: &[Use], activity: &Activity, now: Instant) -> Decision {
+    let holds_pages = |u: &Use| !u.busy && u.touched > PAGE;
+    if !uses.iter().any(holds_pages) {
+        return Decision::default();
     }
-    uses.iter().enumerate().filter(|(_, u)| !u.busy && u.touched > PAGE).map(|(i, _)| i).collect()
+    let quiet_from = activity.last_large + QUIET;
+    if now < quiet_from {
+        return Decision { trim: Vec::new(), look_again: Some(quiet_from) };
+    }
+    if activity.reaped || activity.unsubmitted {
+        return Decision { trim: Vec::new(), look_again: Some(now + RETRY) };
+    }
+    let trim = uses.iter().enumerate().filter(|(_, u)| holds_pages(u)).map(|(i, _)| i).collect();
+    Decision { trim, look_again: None }
 }
 
 #[cfg(test)]
@@ -73,32 +83,35 @@ mod tests {
         ]
     }
 
+    fn quiet(t0: Instant) -> Activity {
+        Activity { last_large: t0, reaped: false, unsubmitted: false }
+    }
+
     #[test]
     fn only_idle_entries_that_held_more_than_a_page_are_trimmed_once_quiet() {
         let t0 = Instant::now();
-        let quiet = Activity { last_large: t0, reaped: false, unsubmitted: false, not_before: t0 };
-        assert_eq!(plan(&uses(), &quiet, t0 + QUIET), vec![0]);
-        assert_eq!(due(&uses(), &quiet), Some(t0 + QUIET));
+        assert_eq!(decide(&uses(), &quiet(t0), t0 + QUIET), Decision { trim: vec![0], look_again: None });
     }
 
     #[test]
     fn nothing_is_trimmed_while_large_payloads_flow_or_work_is_pending() {
         let t0 = Instant::now();
-        let quiet = Activity { last_large: t0, reaped: false, unsubmitted: false, not_before: t0 };
-        assert!(plan(&uses(), &quiet, t0 + QUIET / 2).is_empty(), "a large payload went through just now");
-        assert!(plan(&uses(), &Activity { reaped: true, ..quiet }, t0 + QUIET).is_empty(), "a request was reaped");
-        assert!(plan(&uses(), &Activity { unsubmitted: true, ..quiet }, t0 + QUIET).is_empty(), "answers pending");
-        let later = Activity { not_before: t0 + QUIET + RETRY, ..quiet };
-        assert!(plan(&uses(), &later, t0 + QUIET).is_empty(), "a look that found work pending waits");
-        assert_eq!(due(&uses(), &later), Some(t0 + QUIET + RETRY));
+        let early = decide(&uses(), &quiet(t0), t0 + QUIET / 2);
+        assert_eq!(
+            early,
+            Decision { trim: vec![], look_again: Some(t0 + QUIET) },
+            "a large payload went through just now"
+        );
+        let later = t0 + QUIET;
+        let retry = Decision { trim: vec![], look_again: Some(later + RETRY) };
+        assert_eq!(decide(&uses(), &Activity { reaped: true, ..quiet(t0) }, later), retry, "a request was reaped");
+        assert_eq!(decide(&uses(), &Activity { unsubmitted: true, ..quiet(t0) }, later), retry, "answers pending");
     }
 
     #[test]
     fn entries_that_touched_a_page_at_most_need_no_look() {
         let t0 = Instant::now();
-        let quiet = Activity { last_large: t0, reaped: false, unsubmitted: false, not_before: t0 };
         let small = vec![Use { busy: false, touched: PAGE }, Use { busy: true, touched: 256 << 10 }, Use::default()];
-        assert_eq!(due(&small, &quiet), None);
-        assert!(plan(&small, &quiet, t0 + QUIET).is_empty());
+        assert_eq!(decide(&small, &quiet(t0), t0 + QUIET), Decision::default());
     }
 }

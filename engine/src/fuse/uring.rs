@@ -174,7 +174,6 @@ struct Inner {
     /// Each entry's state, for trimming.
     uses: Vec<trim::Use>,
     last_large: std::time::Instant,
-    trim_not_before: std::time::Instant,
 }
 
 // SAFETY: the mapping is owned by Inner and used under the mutex; the ring
@@ -194,9 +193,13 @@ impl Drop for Inner {
 }
 
 impl Inner {
-    /// Submits what is queued and runs deferred task work (the kernel fills
-    /// entries with requests and posts their completions in this call).
-    fn enter(&mut self) -> std::io::Result<usize> {
+    /// Submits what is queued. On a deferred ring this also runs the
+    /// kernel's task work: it fills entries with requests and posts their
+    /// completions in this call.
+    fn submit(&mut self) -> std::io::Result<usize> {
+        if !self.deferred {
+            return self.uring.submit();
+        }
         let queued = self.uring.submission().len() as u32;
         // SAFETY: no signal mask or timeout argument is passed.
         unsafe { self.uring.submitter().enter::<libc::sigset_t>(queued, 0, ENTER_GETEVENTS, None) }
@@ -214,12 +217,7 @@ impl Inner {
     }
 
     fn activity(&mut self, reaped: bool) -> trim::Activity {
-        trim::Activity {
-            last_large: self.last_large,
-            reaped,
-            unsubmitted: !self.uring.submission().is_empty(),
-            not_before: self.trim_not_before,
-        }
+        trim::Activity { last_large: self.last_large, reaped, unsubmitted: !self.uring.submission().is_empty() }
     }
 }
 
@@ -355,7 +353,6 @@ impl Ring {
             deferred,
             uses: vec![trim::Use::default(); count],
             last_large: std::time::Instant::now(),
-            trim_not_before: std::time::Instant::now(),
         };
         for (index, iov) in memory.iov.iter().enumerate() {
             let iov = iov as *const [libc::iovec; 2] as *mut [libc::iovec; 2];
@@ -366,11 +363,7 @@ impl Ring {
         }
         inner.memory = Some(memory);
         inner.live = count;
-        if deferred {
-            inner.enter().map_err(RingError::Submit)?;
-        } else {
-            inner.uring.submit().map_err(RingError::Submit)?;
-        }
+        inner.submit().map_err(RingError::Submit)?;
         // A refused registration completes at once with its error. The
         // registrations that made the ring ready may already carry requests:
         // those are kept for `serve`.
@@ -392,10 +385,10 @@ impl Ring {
     /// Takes the requests the kernel has put in entries, until every entry
     /// has ended (the mount is gone). `handle` answers each through its slot.
     pub async fn serve(self: Arc<Self>, handle: impl Fn(Request, Slot)) {
+        let mut look_again = None;
         loop {
-            let due = self.trim_due();
             tokio::select! {
-                _ = tokio::time::sleep_until(due.unwrap_or_else(std::time::Instant::now).into()), if due.is_some() => {}
+                _ = tokio::time::sleep_until(look_again.unwrap_or_else(std::time::Instant::now).into()), if look_again.is_some() => {}
                 ready = self.event.readable() => {
                     let Ok(mut ready) = ready else { return };
                     let mut counter = [0u8; 8];
@@ -409,7 +402,7 @@ impl Ring {
             self.submit_answers();
             let (arrived, live) = self.take();
             // Right after the enter and the reap: see `trim`.
-            self.trim(!arrived.is_empty());
+            look_again = self.trim(!arrived.is_empty());
             for (index, unique, request) in arrived {
                 let slot = Slot { ring: self.clone(), index, unique };
                 match request {
@@ -432,13 +425,11 @@ impl Ring {
     fn submit_answers(&self) {
         let mut inner = self.inner.lock().expect("FUSE ring poisoned");
         inner.submit_requested = false;
-        if inner.deferred {
-            if let Err(e) = inner.enter() {
-                tracing::error!(error = %e, "FUSE ring enter failed");
-            }
-        } else if inner.uring.submission().is_empty() {
+        // A deferred ring enters even with nothing queued, for its task work.
+        if !inner.deferred && inner.uring.submission().is_empty() {
             return;
-        } else if let Err(e) = inner.uring.submit() {
+        }
+        if let Err(e) = inner.submit() {
             tracing::error!(error = %e, "FUSE ring submit failed");
         }
         if !inner.uring.submission().is_empty() {
@@ -447,38 +438,26 @@ impl Ring {
         }
     }
 
-    /// When the serving task should look at trimming, if ever.
-    fn trim_due(&self) -> Option<std::time::Instant> {
-        let mut inner = self.inner.lock().expect("FUSE ring poisoned");
-        if !inner.deferred {
-            return None;
-        }
-        let activity = inner.activity(false);
-        trim::due(&inner.uses, &activity)
-    }
-
     /// Gives back the payload pages of entries the kernel holds, once large
-    /// payloads have stopped (`trim::plan`). Called right after an enter
+    /// payloads have stopped (`trim::decide`), and says when an idle ring
+    /// should look again. Called right after an enter
     /// and a reap with nothing in between: the kernel fills an entry only
     /// inside this thread's enters and posts its completion in the same
     /// call, so every entry holding a request was just reaped (busy), and an
     /// entry not busy holds nothing until the next enter. `reaped`: the reap
     /// took requests (then nothing is trimmed this time).
-    fn trim(&self, reaped: bool) {
+    fn trim(&self, reaped: bool) -> Option<std::time::Instant> {
         let mut inner = self.inner.lock().expect("FUSE ring poisoned");
         if !inner.deferred {
-            return;
+            return None;
         }
         let activity = inner.activity(reaped);
-        let now = std::time::Instant::now();
-        let plan = trim::plan(&inner.uses, &activity, now);
-        if plan.is_empty() {
-            if trim::due(&inner.uses, &activity).is_some_and(|due| due <= now) {
-                inner.trim_not_before = now + trim::RETRY;
-            }
-            return;
+        let decision = trim::decide(&inner.uses, &activity, std::time::Instant::now());
+        if decision.trim.is_empty() {
+            return decision.look_again;
         }
-        let Some(memory) = inner.memory.as_ref() else { return };
+        let plan = decision.trim;
+        let Some(memory) = inner.memory.as_ref() else { return None };
         let mut given = 0;
         for &i in &plan {
             // SAFETY: entry i is in the kernel's hands waiting for a request,
@@ -492,6 +471,7 @@ impl Ring {
             inner.uses[i].touched = 0;
         }
         tracing::debug!(entries = given, "gave FUSE ring entries' payload pages back");
+        decision.look_again
     }
 
     /// Reaps completions: the requests now in entries, and the entries live.
