@@ -1,23 +1,16 @@
-//! A connection from the engine to one replica: the pipelined `Io` stream
-//! (requests tagged with ids, answered in any order) plus the unary client.
+//! A connection from the engine to one replica: the pipelined data stream
+//! (`ironhorn_proto::data`) for block I/O plus the gRPC client for the rest.
 //!
-//! Requests are queued on an unbounded channel, so the engine can enqueue
-//! one request to every replica under one short lock and keep the same
-//! order on every stream; the engine bounds how many are in flight. Each
-//! stream message carries every request queued when the transport asked
-//! for the next one (see `ironhorn_proto::batch`). When the
-//! stream breaks, every waiting request fails at once.
+//! Requests are queued without waiting, so the engine can enqueue one
+//! request to every replica under one short lock and keep the same order
+//! on every stream; the engine bounds how many are in flight.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use ironhorn_proto::batch::Batches;
 use ironhorn_proto::replica::replica_client::ReplicaClient;
-use ironhorn_proto::replica::{IoRequest, IoRequests, IoResponse, IoStatus};
-use tokio::sync::{mpsc, oneshot};
+use ironhorn_proto::replica::{IoRequest, IoResponse, IoStatus};
+use tokio::sync::oneshot;
 use tonic::transport::Channel;
 
 const MAX_MESSAGE_BYTES: usize = 64 << 20;
@@ -51,20 +44,12 @@ impl std::fmt::Display for ReplicaError {
     }
 }
 
-type Waiters = Arc<Mutex<HashMap<u64, oneshot::Sender<IoResponse>>>>;
-
 pub struct ReplicaConn {
     pub address: String,
     /// TCP, or the node's local socket for a replica on this node.
     pub transport: ironhorn_proto::local::Transport,
     client: ReplicaClient<Channel>,
-    tx: mpsc::UnboundedSender<IoRequest>,
-    waiting: Waiters,
-    next_id: AtomicU64,
-    broken: Arc<AtomicBool>,
-    /// Becomes true when the data stream ends (the replica died, its
-    /// connection was reset): watchers learn at once, not at the next request.
-    closed: tokio::sync::watch::Receiver<bool>,
+    data: ironhorn_proto::data::Client,
     timeout: Duration,
 }
 
@@ -81,80 +66,39 @@ pub fn status_error(status: tonic::Status) -> ReplicaError {
 }
 
 impl ReplicaConn {
-    /// Connects (bounded by `timeout`) and opens the data stream; over the
-    /// replica's socket in `local_sockets` when it has one there.
+    /// Connects (bounded by `timeout`) the data stream and the gRPC
+    /// channel; over the replica's socket in `local_sockets` when it has
+    /// one there.
     pub async fn connect(
         address: &str,
         timeout: Duration,
         local_sockets: Option<&std::path::Path>,
     ) -> Result<ReplicaConn, ReplicaError> {
-        let endpoint = ironhorn_proto::batch::replica_endpoint(address, timeout)
+        let data = ironhorn_proto::data::Client::connect(address, local_sockets, timeout)
+            .await
+            .map_err(|e| ReplicaError::Failed(e.to_string()))?;
+        let endpoint = ironhorn_proto::channel::replica_endpoint(address, timeout)
             .map_err(|e| ReplicaError::Invalid(format!("replica address {address:?}: {e}")))?;
-        let (channel, transport) =
+        let (channel, _) =
             tokio::time::timeout(timeout, ironhorn_proto::local::connect(endpoint, address, local_sockets))
                 .await
                 .map_err(|_| ReplicaError::Failed(format!("connect to replica {address}: timed out")))?
                 .map_err(|e| ReplicaError::Failed(format!("connect to replica {address}: {e}")))?;
-        let mut client = ReplicaClient::new(channel)
+        let client = ReplicaClient::new(channel)
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES);
-        let (tx, rx) = mpsc::unbounded_channel::<IoRequest>();
-        let requests = Batches::new(rx, |r: &IoRequest| r.data.len(), |requests| IoRequests { requests });
-        let mut responses = tokio::time::timeout(timeout, client.io(requests))
-            .await
-            .map_err(|_| ReplicaError::Failed(format!("open data stream to {address}: timed out")))?
-            .map_err(|e| ReplicaError::Failed(format!("open data stream to {address}: {e}")))?
-            .into_inner();
-        let waiting: Waiters = Default::default();
-        let broken = Arc::new(AtomicBool::new(false));
-        let (w, b, a) = (waiting.clone(), broken.clone(), address.to_string());
-        let (closed_tx, closed) = tokio::sync::watch::channel(false);
-        tokio::spawn(async move {
-            loop {
-                match responses.message().await {
-                    Ok(Some(batch)) => {
-                        let mut waiting = w.lock().expect("waiters");
-                        for resp in batch.responses {
-                            if let Some(tx) = waiting.remove(&resp.id) {
-                                let _ = tx.send(resp);
-                            }
-                        }
-                    }
-                    Ok(None) => break,
-                    Err(e) => {
-                        tracing::warn!(replica = %a, error = %e, "data stream failed");
-                        break;
-                    }
-                }
-            }
-            b.store(true, Ordering::SeqCst);
-            // Dropping the senders fails every request still waiting.
-            w.lock().expect("waiters").clear();
-            let _ = closed_tx.send(true);
-        });
+        let transport = data.transport;
         if transport == ironhorn_proto::local::Transport::Local {
             tracing::info!(replica = address, "connected over this node's local socket");
         }
-        Ok(ReplicaConn {
-            address: address.to_string(),
-            transport,
-            client,
-            tx,
-            waiting,
-            next_id: AtomicU64::new(1),
-            broken,
-            closed,
-            timeout,
-        })
+        Ok(ReplicaConn { address: address.to_string(), transport, client, data, timeout })
     }
 
-    /// Resolves when the data stream has ended. Holds nothing of the
-    /// connection, so a watcher does not keep it open.
+    /// Resolves when the data stream has ended (the replica died, its
+    /// connection was reset, it stopped answering keep-alives). Holds
+    /// nothing of the connection, so a watcher does not keep it open.
     pub fn closed(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
-        let mut closed = self.closed.clone();
-        async move {
-            let _ = closed.wait_for(|c| *c).await;
-        }
+        self.data.closed()
     }
 
     pub fn client(&self) -> ReplicaClient<Channel> {
@@ -166,20 +110,10 @@ impl ReplicaConn {
     }
 
     /// Queues a request on the stream without waiting (its id is set
-    /// here); the receiver yields the response. Never blocks, so callers
+    /// there); the receiver yields the response. Never blocks, so callers
     /// may hold a lock around it.
-    pub fn enqueue(&self, mut req: IoRequest) -> Pending {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = oneshot::channel();
-        if self.broken.load(Ordering::SeqCst) {
-            return Pending { rx, timeout: self.timeout };
-        }
-        self.waiting.lock().expect("waiters").insert(id, tx);
-        req.id = id;
-        if self.tx.send(req).is_err() {
-            self.waiting.lock().expect("waiters").remove(&id);
-        }
-        Pending { rx, timeout: self.timeout }
+    pub fn enqueue(&self, req: IoRequest) -> Pending {
+        Pending { rx: self.data.enqueue(req), timeout: self.timeout }
     }
 }
 

@@ -5,11 +5,8 @@
 //! durable before the volume is ever attached. Writes are idempotent, so an
 //! interrupted copy resumes from the last offset it recorded.
 
-use futures_util::StreamExt;
 use ironhorn_proto::replica::replica_client::ReplicaClient;
-use ironhorn_proto::replica::{
-    InfoRequest, IoOp, IoRequest, IoRequests, IoStatus, ReadLayerRequest, WriteLayerRequest,
-};
+use ironhorn_proto::replica::{InfoRequest, IoOp, IoRequest, IoStatus, ReadLayerRequest, WriteLayerRequest};
 use tonic::transport::Channel;
 
 /// Bytes per read and write.
@@ -24,21 +21,20 @@ async fn client(address: &str) -> Result<ReplicaClient<Channel>, String> {
     Ok(ReplicaClient::new(channel).max_decoding_message_size(16 << 20).max_encoding_message_size(16 << 20))
 }
 
+/// How long a target's flush may take, connecting included.
+const FLUSH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Makes a target's writes durable: one FLUSH on its data stream.
-async fn flush(target: &mut ReplicaClient<Channel>, address: &str, epoch: u64) -> Result<(), String> {
-    let request = IoRequest { id: 1, op: IoOp::Flush as i32, epoch, ..Default::default() };
-    let requests = futures_util::stream::iter(vec![IoRequests { requests: vec![request] }]);
-    let mut responses = target.io(requests).await.map_err(|e| format!("flush {address}: {e}"))?.into_inner();
-    let batch = responses
-        .next()
+async fn flush(address: &str, epoch: u64) -> Result<(), String> {
+    let stream = ironhorn_proto::data::Client::connect(address, None, FLUSH_TIMEOUT)
         .await
-        .ok_or_else(|| format!("flush {address}: no answer"))?
         .map_err(|e| format!("flush {address}: {e}"))?;
-    match batch.responses.first() {
-        Some(r) if r.status == IoStatus::Ok as i32 => Ok(()),
-        Some(r) => Err(format!("flush {address}: {}", r.message)),
-        None => Err(format!("flush {address}: empty answer")),
-    }
+    let request = IoRequest { op: IoOp::Flush as i32, epoch, ..Default::default() };
+    let answer = tokio::time::timeout(FLUSH_TIMEOUT, stream.enqueue(request))
+        .await
+        .map_err(|_| format!("flush {address}: no answer within {FLUSH_TIMEOUT:?}"))?
+        .map_err(|_| format!("flush {address}: data stream closed"))?;
+    if answer.status == IoStatus::Ok as i32 { Ok(()) } else { Err(format!("flush {address}: {}", answer.message)) }
 }
 
 /// Why a copy did not finish.
@@ -107,8 +103,8 @@ pub async fn copy_snapshot(
             return Err(CopyError::Stopped { at: offset });
         }
     }
-    for (address, writer, epoch) in &mut writers {
-        flush(writer, address, *epoch).await?;
+    for (address, _, epoch) in &writers {
+        flush(address, *epoch).await?;
     }
     Ok(())
 }

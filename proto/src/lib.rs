@@ -18,6 +18,7 @@ pub mod csi {
     tonic::include_proto!("csi.v1");
 }
 
+pub mod data;
 pub mod local;
 
 pub mod say {
@@ -99,36 +100,27 @@ pub mod say {
 pub mod allocator;
 pub mod busy_poll;
 
-pub mod batch {
-    //! The `Io` stream's batching: a [`Batches`] stream turns the items
-    //! queued on a channel into one message each time it is polled, so
-    //! whatever became ready while the transport was busy leaves together
-    //! (one stream message, one HTTP/2 frame, one socket write), and a lone
-    //! item leaves at once. Order is kept.
+pub mod channel {
+    //! gRPC connections to a replica (from the engine, from another
+    //! replica): the frame size and flow-control windows both ends use for
+    //! the unary calls that carry bulk data (rebuild's 1 MiB reads and
+    //! writes). Block I/O travels on the data stream instead ([`crate::data`]).
 
-    use std::pin::Pin;
-    use std::task::{Context, Poll};
-
-    use tokio::sync::mpsc::UnboundedReceiver;
-    use tokio_stream::Stream;
-
-    /// HTTP/2 frame size both ends of an `Io` stream advertise (the
-    /// protocol's largest). With the default 16 KiB, a batch leaves as many
-    /// small frames, one socket write each, and the reader takes them in
-    /// small reads; one frame per message keeps it one write, one read.
+    /// HTTP/2 frame size both ends advertise (the protocol's largest): a
+    /// 1 MiB message leaves as one frame, one socket write.
     pub const H2_MAX_FRAME: u32 = (1 << 24) - 1;
 
     /// HTTP/2 flow-control windows both ends of a replica connection
     /// advertise, per stream and per connection. hyper's server default is
-    /// 1 MiB for both, so a rebuild's 1 MiB chunks in flight, or one 8 MiB
-    /// batch, waited a round trip per MiB for window updates. A
-    /// window bounds nothing else: the in-flight limits are the engine's.
+    /// 1 MiB for both, so a rebuild's 1 MiB chunks in flight waited a round
+    /// trip per MiB for window updates. A window bounds nothing else: the
+    /// in-flight limits are the engine's.
     pub const H2_STREAM_WINDOW: u32 = 16 << 20;
     pub const H2_CONNECTION_WINDOW: u32 = 32 << 20;
 
-    /// The endpoint for a gRPC connection to a replica (from the engine or
-    /// from another replica), with the frame size and windows above.
-    /// Connecting is bounded by `timeout`; keep-alives find a dead peer.
+    /// The endpoint for a gRPC connection to a replica, with the frame size
+    /// and windows above. Connecting is bounded by `timeout`; keep-alives
+    /// find a dead peer.
     pub fn replica_endpoint(
         address: &str,
         timeout: std::time::Duration,
@@ -141,80 +133,6 @@ pub mod batch {
             .connect_timeout(timeout)
             .http2_keep_alive_interval(std::time::Duration::from_secs(5))
             .keep_alive_timeout(timeout))
-    }
-
-    /// Items per message at most.
-    pub const MAX_ITEMS: usize = 256;
-    /// A message stops taking items once their payloads reach this many
-    /// bytes (so it holds at most this plus one item: under the 64 MiB
-    /// message limit for items of up to 32 MiB; engine I/O is 4 MiB at most).
-    ///
-    /// tonic encodes a message into one buffer per stream and keeps that
-    /// buffer at its largest size for the stream's life, so this bounds
-    /// what a burst of large I/O leaves resident in every engine and
-    /// replica. At 8 MiB an engine with 3 replicas kept 34 MiB after 256 MiB
-    /// of 1 MiB writes; at 2 MiB, 21 MiB. Full-rebuild speed and sequential
-    /// throughput were the same within this host's noise (docs/benchmarks.md).
-    pub const MAX_BYTES: usize = 2 << 20;
-
-    pub struct Batches<T, M> {
-        rx: UnboundedReceiver<T>,
-        weigh: fn(&T) -> usize,
-        wrap: fn(Vec<T>) -> M,
-    }
-
-    impl<T, M> Batches<T, M> {
-        /// `weigh` gives an item's payload bytes; `wrap` makes the message.
-        pub fn new(rx: UnboundedReceiver<T>, weigh: fn(&T) -> usize, wrap: fn(Vec<T>) -> M) -> Self {
-            Self { rx, weigh, wrap }
-        }
-    }
-
-    impl<T, M> Stream for Batches<T, M> {
-        type Item = M;
-
-        fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<M>> {
-            let this = self.get_mut();
-            let first = match this.rx.poll_recv(cx) {
-                Poll::Ready(Some(item)) => item,
-                Poll::Ready(None) => return Poll::Ready(None),
-                Poll::Pending => return Poll::Pending,
-            };
-            let mut bytes = (this.weigh)(&first);
-            let mut items = vec![first];
-            while items.len() < MAX_ITEMS && bytes < MAX_BYTES {
-                let Ok(item) = this.rx.try_recv() else { break };
-                bytes += (this.weigh)(&item);
-                items.push(item);
-            }
-            Poll::Ready(Some((this.wrap)(items)))
-        }
-    }
-
-    #[cfg(test)]
-    mod tests {
-        use super::*;
-        use tokio_stream::StreamExt;
-
-        #[tokio::test(flavor = "current_thread")]
-        async fn ready_items_leave_together_in_order_within_the_limits() {
-            let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
-            let mut batches = Batches::new(rx, |v| v.len(), |items| items);
-            for i in 0..(MAX_ITEMS + 3) {
-                tx.send(vec![i as u8]).unwrap();
-            }
-            let first = batches.next().await.unwrap();
-            assert_eq!(first.len(), MAX_ITEMS);
-            assert!(first.iter().enumerate().all(|(i, v)| v[0] == i as u8));
-            assert_eq!(batches.next().await.unwrap().len(), 3);
-            for _ in 0..3 {
-                tx.send(vec![0; MAX_BYTES / 2]).unwrap();
-            }
-            assert_eq!(batches.next().await.unwrap().len(), 2, "stops once the payload reaches MAX_BYTES");
-            assert_eq!(batches.next().await.unwrap().len(), 1);
-            drop(tx);
-            assert!(batches.next().await.is_none());
-        }
     }
 }
 

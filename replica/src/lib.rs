@@ -1,6 +1,7 @@
 //! ironhorn replica: one copy of one volume, kept in a block store on an LVM
 //! logical volume or a file, served over gRPC.
 
+pub mod data;
 pub mod device;
 pub mod fault_service;
 pub mod faults;
@@ -64,25 +65,24 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
     });
     // Tests and supervisors read this line to learn the bound address.
     ironhorn_proto::say!("listening on {local}");
-    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     let faults = config.fault_injection.then(|| {
         tracing::warn!("fault injection is on: any client can fail this replica's disk");
         fault_service::FaultService::new(store.clone())
     });
     let router = tonic::transport::Server::builder()
-        .max_frame_size(ironhorn_proto::batch::H2_MAX_FRAME)
-        .initial_stream_window_size(ironhorn_proto::batch::H2_STREAM_WINDOW)
-        .initial_connection_window_size(ironhorn_proto::batch::H2_CONNECTION_WINDOW)
+        .max_frame_size(ironhorn_proto::channel::H2_MAX_FRAME)
+        .initial_stream_window_size(ironhorn_proto::channel::H2_STREAM_WINDOW)
+        .initial_connection_window_size(ironhorn_proto::channel::H2_CONNECTION_WINDOW)
         .add_service(server::ReplicaService::new(store.clone(), config.local_sockets.clone()))
         .add_optional_service(faults);
-    ironhorn_proto::shutdown::serve_router(
-        router,
-        incoming,
-        local_listener,
-        std::time::Duration::from_secs(2),
-        "gRPC server",
-    )
-    .await?;
+    let data_store = store.clone();
+    let serve = move |stop| async move {
+        let data = move |r, w| data::serve(data_store.clone(), r, w);
+        ironhorn_proto::data::accept::serve(router, listener, local_listener, data, stop)
+            .await
+            .map_err(|e| format!("gRPC server: {e}"))
+    };
+    ironhorn_proto::shutdown::serve_until_signal(serve, std::time::Duration::from_secs(2)).await?;
     tracing::info!("shutting down");
     store.close().await.map_err(|e| format!("close store: {e}"))?;
     tracing::info!("store closed cleanly");

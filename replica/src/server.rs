@@ -1,30 +1,24 @@
 //! The replica's gRPC surface: an adapter from `ironhorn.replica.v1` to
 //! [`Store`]. Store errors map to gRPC codes in exactly one place
-//! ([`status`] / [`io_status`]); a bad request is answered with an error and
+//! ([`status`]; the data stream's in `crate::data`); a bad request is answered with an error and
 //! the replica keeps serving.
 
 use std::collections::HashMap;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use ironhorn_proto::batch::Batches;
 use ironhorn_proto::replica::replica_client::ReplicaClient;
 use ironhorn_proto::replica::replica_server::{Replica, ReplicaServer};
 use ironhorn_proto::replica::*;
-use tokio::sync::{Semaphore, mpsc};
-use tokio_stream::Stream;
 use tonic::transport::Channel;
-use tonic::{Request, Response, Status, Streaming};
+use tonic::{Request, Response, Status};
 
 use crate::format::{BLOCK_SIZE, FlushStamp};
-use crate::store::{SnapshotInfo, StartedWrite, Store, StoreError, StoreInfo};
+use crate::store::{SnapshotInfo, Store, StoreError, StoreInfo};
 
 /// Largest single request or response message, data included.
 pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
-/// Requests of one stream being worked on at once; more wait in the stream.
-const IN_FLIGHT_PER_STREAM: usize = 256;
 
 /// How long a `CopyFrom` waits for its source when the request names no
 /// timeout.
@@ -61,20 +55,6 @@ pub(crate) fn status(e: StoreError) -> Status {
         StoreError::Checksum { .. } => Status::data_loss(msg),
         StoreError::Io { .. } | StoreError::Corrupt(_) => Status::internal(msg),
         StoreError::Failed(_) | StoreError::NotAStore(_) => Status::unavailable(msg),
-    }
-}
-
-fn io_status(e: &StoreError) -> IoStatus {
-    match e {
-        StoreError::InvalidArgument(_)
-        | StoreError::SizeMismatch { .. }
-        | StoreError::NotFound(_)
-        | StoreError::AlreadyExists(_) => IoStatus::InvalidArgument,
-        StoreError::Fenced { .. } => IoStatus::Fenced,
-        StoreError::OutOfSpace { .. } | StoreError::DeviceFull { .. } => IoStatus::OutOfSpace,
-        StoreError::Checksum { .. } => IoStatus::DataLoss,
-        StoreError::Io { .. } | StoreError::Corrupt(_) => IoStatus::IoError,
-        StoreError::Failed(_) | StoreError::NotAStore(_) => IoStatus::Unavailable,
     }
 }
 
@@ -120,130 +100,8 @@ fn snapshot_message(s: SnapshotInfo) -> Snapshot {
     }
 }
 
-fn respond(id: u64, outcome: Result<Bytes, StoreError>) -> IoResponse {
-    match outcome {
-        Ok(data) => IoResponse { id, status: IoStatus::Ok as i32, message: String::new(), data },
-        Err(e) => {
-            tracing::debug!(id, error = %e, "I/O request failed");
-            IoResponse { id, status: io_status(&e) as i32, message: e.to_string(), data: Bytes::new() }
-        }
-    }
-}
-
-/// The part of a data request that must run in stream order. Writes are
-/// placed in the write order and trims applied here, so overlapping requests
-/// resolve the same way on every replica that sees the same stream.
-enum Ordered {
-    Done(IoResponse),
-    Write(IoRequest, StartedWrite),
-    Other(IoRequest),
-}
-
-async fn order(store: &Store, req: IoRequest) -> Ordered {
-    let id = req.id;
-    match IoOp::try_from(req.op) {
-        Ok(IoOp::Write) => {
-            if req.length != 0 && req.length != req.data.len() as u64 {
-                let e = StoreError::InvalidArgument(format!(
-                    "write length {} does not match {} data bytes",
-                    req.length,
-                    req.data.len()
-                ));
-                return Ordered::Done(respond(id, Err(e)));
-            }
-            match store.start_write(req.epoch, "", req.offset, req.data.len() as u64).await {
-                Ok(started) => Ordered::Write(req, started),
-                Err(e) => Ordered::Done(respond(id, Err(e))),
-            }
-        }
-        Ok(IoOp::Trim) | Ok(IoOp::WriteZeroes) => match store.trim(req.epoch, req.offset, req.length).await {
-            Ok(()) if req.fua => Ordered::Other(IoRequest { op: IoOp::Flush as i32, ..req }),
-            outcome => Ordered::Done(respond(id, outcome.map(|()| Bytes::new()))),
-        },
-        Ok(IoOp::Read) | Ok(IoOp::Flush) => Ordered::Other(req),
-        Ok(IoOp::Unspecified) | Err(_) => {
-            Ordered::Done(respond(id, Err(StoreError::InvalidArgument(format!("unknown I/O op {}", req.op)))))
-        }
-    }
-}
-
-/// The rest of a data request, run concurrently with others.
-async fn complete(store: &Store, ordered: Ordered) -> IoResponse {
-    match ordered {
-        Ordered::Done(response) => response,
-        Ordered::Write(req, started) => {
-            let mut outcome = store.finish_write(started, &req.data).await;
-            if outcome.is_ok() && req.fua {
-                outcome = store.flush().await;
-            }
-            respond(req.id, outcome.map(|()| Bytes::new()))
-        }
-        Ordered::Other(req) => {
-            let outcome = if req.op == IoOp::Read as i32 {
-                store.read(req.epoch, req.offset, req.length).await.map(Bytes::from_owner)
-            } else {
-                let stamp =
-                    (req.flush_sequence != 0).then_some(FlushStamp { epoch: req.epoch, sequence: req.flush_sequence });
-                store.flush_stamped(req.epoch, stamp).await.map(|()| Bytes::new())
-            };
-            respond(req.id, outcome)
-        }
-    }
-}
-
-type IoStream = Pin<Box<dyn Stream<Item = Result<IoResponses, Status>> + Send>>;
-
 #[tonic::async_trait]
 impl Replica for ReplicaService {
-    type IoStream = IoStream;
-
-    async fn io(&self, request: Request<Streaming<IoRequests>>) -> Result<Response<IoStream>, Status> {
-        let mut incoming = request.into_inner();
-        // Unbounded, but never holds more than IN_FLIGHT_PER_STREAM: a
-        // permit is held until its response is queued.
-        let (tx, rx) = mpsc::unbounded_channel::<IoResponse>();
-        let store = self.store.clone();
-        tokio::spawn(async move {
-            let limit = Arc::new(Semaphore::new(IN_FLIGHT_PER_STREAM));
-            loop {
-                let batch = match incoming.message().await {
-                    Ok(Some(batch)) => batch,
-                    Ok(None) => break,
-                    Err(e) => {
-                        tracing::debug!(error = %e, "I/O stream ended");
-                        break;
-                    }
-                };
-                for req in batch.requests {
-                    let Ok(permit) = limit.clone().acquire_owned().await else {
-                        return;
-                    };
-                    let ordered = order(&store, req).await;
-                    let store = store.clone();
-                    let tx = tx.clone();
-                    let paced = match &ordered {
-                        Ordered::Write(req, _) | Ordered::Other(req) => req.paced,
-                        Ordered::Done(_) => false,
-                    };
-                    let serve = async move {
-                        let response = complete(&store, ordered).await;
-                        let _ = tx.send(response);
-                        drop(permit);
-                    };
-                    // A request the engine held to the volume's I/O limit is
-                    // not polled for (see `busy_poll::keep_polling`).
-                    if paced {
-                        tokio::spawn(serve);
-                    } else {
-                        ironhorn_proto::busy_poll::spawn_request(serve);
-                    }
-                }
-            }
-        });
-        let batches = Batches::new(rx, |r: &IoResponse| r.data.len(), |responses| Ok(IoResponses { responses }));
-        Ok(Response::new(Box::pin(batches)))
-    }
-
     async fn info(&self, _: Request<InfoRequest>) -> Result<Response<InfoResponse>, Status> {
         Ok(Response::new(info_response(self.store.info())))
     }
@@ -364,7 +222,7 @@ impl ReplicaService {
         if let Some(client) = peers.get(address) {
             return Ok(client.clone());
         }
-        let endpoint = ironhorn_proto::batch::replica_endpoint(address, timeout)
+        let endpoint = ironhorn_proto::channel::replica_endpoint(address, timeout)
             .map_err(|e| Status::invalid_argument(format!("source replica address {address:?}: {e}")))?;
         let (channel, _) = ironhorn_proto::local::connect_lazy(endpoint, address, self.local_sockets.as_deref());
         let client = ReplicaClient::new(channel)

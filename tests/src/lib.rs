@@ -15,10 +15,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use ironhorn_proto::batch::Batches;
 use ironhorn_proto::replica::replica_client::ReplicaClient;
-use ironhorn_proto::replica::{IoOp, IoRequest, IoRequests, IoResponse, IoStatus};
-use tokio::sync::{mpsc, oneshot};
+use ironhorn_proto::replica::{IoOp, IoRequest, IoResponse, IoStatus};
+use tokio::sync::oneshot;
 use tonic::transport::Channel;
 
 pub const BLOCK: usize = 4096;
@@ -323,13 +322,11 @@ pub fn version_of(block: u64, data: &[u8]) -> Option<u64> {
     (pattern(block, version) == data).then_some(version)
 }
 
-/// A pipelined client for a replica's `Io` stream: many requests in flight,
-/// responses matched by id.
+/// A pipelined client for a replica's data stream: many requests in
+/// flight, responses matched by id.
 #[derive(Clone)]
 pub struct DataStream {
-    tx: mpsc::UnboundedSender<IoRequest>,
-    waiting: std::sync::Arc<std::sync::Mutex<HashMap<u64, oneshot::Sender<IoResponse>>>>,
-    next_id: std::sync::Arc<AtomicU64>,
+    client: std::sync::Arc<ironhorn_proto::data::Client>,
 }
 
 pub async fn connect(address: &str) -> ReplicaClient<Channel> {
@@ -347,32 +344,17 @@ pub async fn connect(address: &str) -> ReplicaClient<Channel> {
 }
 
 impl DataStream {
-    pub async fn open(client: &mut ReplicaClient<Channel>) -> DataStream {
-        let (tx, rx) = mpsc::unbounded_channel::<IoRequest>();
-        let requests = Batches::new(rx, |r: &IoRequest| r.data.len(), |requests| IoRequests { requests });
-        let mut responses = client.io(requests).await.expect("open Io stream").into_inner();
-        let waiting: std::sync::Arc<std::sync::Mutex<HashMap<u64, oneshot::Sender<IoResponse>>>> = Default::default();
-        let w = waiting.clone();
-        tokio::spawn(async move {
-            loop {
-                let batch = match responses.message().await {
-                    Ok(Some(batch)) => batch,
-                    Ok(None) => break,
-                    Err(e) => {
-                        eprintln!("replica data stream failed: {e}");
-                        break;
-                    }
-                };
-                for resp in batch.responses {
-                    if let Some(tx) = w.lock().unwrap().remove(&resp.id) {
-                        let _ = tx.send(resp);
-                    }
-                }
+    /// Connects to the replica at `address` (retrying for 20 s while it
+    /// starts) and opens its data stream.
+    pub async fn open(address: &str) -> DataStream {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            match ironhorn_proto::data::Client::connect(address, None, Duration::from_secs(10)).await {
+                Ok(client) => return DataStream { client: std::sync::Arc::new(client) },
+                Err(e) if Instant::now() > deadline => panic!("open data stream to {address}: {e}"),
+                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
             }
-            // Stream ended: dropping the senders fails every waiter.
-            w.lock().unwrap().clear();
-        });
-        DataStream { tx, waiting, next_id: std::sync::Arc::new(AtomicU64::new(1)) }
+        }
     }
 
     /// Sends one request; the returned receiver yields its response, or an
@@ -393,15 +375,8 @@ impl DataStream {
     }
 
     /// Sends `req` as it is (any op number, any field), with its id set.
-    pub fn send_request(&self, mut req: IoRequest) -> oneshot::Receiver<IoResponse> {
-        let id = self.next_id.fetch_add(1, Ordering::SeqCst);
-        req.id = id;
-        let (tx, rx) = oneshot::channel();
-        self.waiting.lock().unwrap().insert(id, tx);
-        if self.tx.send(req).is_err() {
-            self.waiting.lock().unwrap().remove(&id);
-        }
-        rx
+    pub fn send_request(&self, req: IoRequest) -> oneshot::Receiver<IoResponse> {
+        self.client.enqueue(req)
     }
 
     pub async fn call(
@@ -504,8 +479,7 @@ pub fn replica_modes(status: &serde_json::Value) -> HashMap<String, String> {
 
 /// Reads a replica's whole volume directly over its gRPC stream.
 pub async fn replica_image(address: &str, size: u64, epoch: u64) -> Vec<u8> {
-    let mut client = connect(address).await;
-    let s = DataStream::open(&mut client).await;
+    let s = DataStream::open(address).await;
     let mut out = Vec::with_capacity(size as usize);
     let step = 4u64 << 20;
     let mut at = 0;

@@ -35,8 +35,7 @@ struct Ledger {
 /// Streams writes and periodic flushes for `run_for`, then SIGKILLs the
 /// replica with requests still in flight.
 async fn write_then_crash(replica: &mut Process, ledger: &Arc<Mutex<Ledger>>, run_for: Duration, seed: u64) {
-    let mut client = connect(&replica.address).await;
-    let stream = DataStream::open(&mut client).await;
+    let stream = DataStream::open(&replica.address).await;
     let limit = Arc::new(tokio::sync::Semaphore::new(48));
     let mut tasks = tokio::task::JoinSet::new();
     let start = std::time::Instant::now();
@@ -100,7 +99,7 @@ async fn verify_after_crash(replica: &Process, ledger: &Arc<Mutex<Ledger>>) {
     let mut client = connect(&replica.address).await;
     let info = client.info(InfoRequest {}).await.unwrap().into_inner();
     assert!(!info.clean_at_open, "a SIGKILLed store must not report a clean shutdown");
-    let stream = DataStream::open(&mut client).await;
+    let stream = DataStream::open(&replica.address).await;
     let chunk = 256u64;
     let mut l = ledger.lock().unwrap();
     let mut newer = 0;
@@ -170,8 +169,7 @@ fn a_flipped_byte_is_reported_with_its_offset() {
     let mut replica = start_replica("replica", &store, VOLUME, dir.path(), &[]).unwrap();
     let target = 77u64;
     rt.block_on(async {
-        let mut client = connect(&replica.address).await;
-        let s = DataStream::open(&mut client).await;
+        let s = DataStream::open(&replica.address).await;
         for b in 70..80 {
             s.write(b * BLOCK as u64, pattern(b, 1), EPOCH).await.unwrap();
         }
@@ -188,8 +186,7 @@ fn a_flipped_byte_is_reported_with_its_offset() {
 
     let replica = start_replica("replica", &store, VOLUME, dir.path(), &[]).unwrap();
     rt.block_on(async {
-        let mut client = connect(&replica.address).await;
-        let s = DataStream::open(&mut client).await;
+        let s = DataStream::open(&replica.address).await;
         let err = s.read(target * BLOCK as u64, BLOCK as u64, EPOCH).await.expect_err("corrupt block must not read");
         let offset = (target * BLOCK as u64).to_string();
         // A checksum mismatch is DATA_LOSS (not a plain I/O error): the engine
@@ -211,8 +208,7 @@ fn an_older_epoch_is_fenced_and_changes_nothing() {
     let rt = runtime();
     let mut replica = start_replica("replica", &store, VOLUME, dir.path(), &[]).unwrap();
     rt.block_on(async {
-        let mut client = connect(&replica.address).await;
-        let s = DataStream::open(&mut client).await;
+        let s = DataStream::open(&replica.address).await;
         s.write(0, pattern(0, 5), 5).await.unwrap();
         let err = s.write(0, pattern(0, 4), 4).await.expect_err("epoch 4 after 5");
         assert!(err.starts_with("FENCED"), "{err}");
@@ -229,7 +225,7 @@ fn an_older_epoch_is_fenced_and_changes_nothing() {
         let mut client = connect(&replica.address).await;
         let info = client.info(InfoRequest {}).await.unwrap().into_inner();
         assert_eq!(info.highest_epoch, 5);
-        let s = DataStream::open(&mut client).await;
+        let s = DataStream::open(&replica.address).await;
         assert!(s.write(0, pattern(0, 4), 4).await.unwrap_err().starts_with("FENCED"));
         let data = s.read(0, BLOCK as u64, 6).await.unwrap();
         assert_eq!(version_of(0, &data), Some(5));
@@ -241,13 +237,13 @@ fn an_older_epoch_is_fenced_and_changes_nothing() {
 /// the rest still served).
 #[test]
 fn one_message_of_many_requests_is_applied_in_order() {
-    use ironhorn_proto::replica::{IoRequest, IoRequests, IoStatus};
+    use ironhorn_proto::replica::{IoRequest, IoStatus};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let dir = TempDir::new("batch");
     let store = format!("file:{}", dir.path().join("r.img").display());
     let rt = runtime();
     let replica = start_replica("replica", &store, VOLUME, dir.path(), &[]).unwrap();
     rt.block_on(async {
-        let mut client = connect(&replica.address).await;
         let write = |id: u64, block: u64, version: u64| IoRequest {
             id,
             op: IoOp::Write as i32,
@@ -265,19 +261,31 @@ fn one_message_of_many_requests_is_applied_in_order() {
         requests.push(IoRequest { length: 3 * BLOCK as u64, ..write(6, 9, 1) });
         requests.push(write(7, 8, 1));
         requests.push(IoRequest { id: 8, op: IoOp::Flush as i32, epoch: EPOCH, ..Default::default() });
-        let mut responses =
-            client.io(tokio_stream::iter([IoRequests { requests }])).await.expect("open Io stream").into_inner();
+        // All eight frames in one socket write, after the handshake.
+        let mut socket = tokio::net::TcpStream::connect(&replica.address).await.expect("connect");
+        let mut wire = bytes::BytesMut::from(&ironhorn_proto::data::MAGIC[..]);
+        for r in &requests {
+            ironhorn_proto::data::frame::put_request_header(r, &mut wire);
+            wire.extend_from_slice(&r.data);
+        }
+        socket.write_all(&wire).await.expect("send the requests");
+        let mut hello = [0u8; 8];
+        socket.read_exact(&mut hello).await.expect("handshake answer");
+        assert_eq!(hello, ironhorn_proto::data::MAGIC);
+        let mut responses = ironhorn_proto::data::wire::FrameReader::new(
+            Box::new(socket),
+            ironhorn_proto::data::frame::take_response,
+            Some(std::time::Duration::from_secs(20)),
+        );
         let mut answered = std::collections::BTreeMap::new();
         while answered.len() < 8 {
-            let batch = responses.message().await.expect("stream").expect("answers for every request");
-            for r in batch.responses {
-                assert!(answered.insert(r.id, r.status).is_none(), "request {} answered twice", r.id);
-            }
+            let r = responses.next().await.expect("stream").expect("answers for every request");
+            assert!(answered.insert(r.id, r.status).is_none(), "request {} answered twice", r.id);
         }
         let ok = IoStatus::Ok as i32;
         assert_eq!(answered[&6], IoStatus::InvalidArgument as i32);
         assert!(answered.iter().filter(|(id, _)| **id != 6).all(|(_, s)| *s == ok), "{answered:?}");
-        let s = DataStream::open(&mut client).await;
+        let s = DataStream::open(&replica.address).await;
         assert_eq!(version_of(7, &s.read(7 * BLOCK as u64, BLOCK as u64, EPOCH).await.unwrap()), Some(5));
         assert_eq!(version_of(8, &s.read(8 * BLOCK as u64, BLOCK as u64, EPOCH).await.unwrap()), Some(1));
         assert_eq!(version_of(9, &s.read(9 * BLOCK as u64, BLOCK as u64, EPOCH).await.unwrap()), Some(0));
@@ -297,7 +305,7 @@ fn lvm_store_with_a_second_segment_survives_restart_and_delete_removes_it() {
     let blocks = 16384u64; // 64 MiB after expand
     rt.block_on(async {
         let mut client = connect(&replica.address).await;
-        let s = DataStream::open(&mut client).await;
+        let s = DataStream::open(&replica.address).await;
         for b in (0..8192).step_by(97) {
             s.write(b * BLOCK as u64, pattern(b, 1), EPOCH).await.unwrap();
         }
@@ -327,7 +335,7 @@ fn lvm_store_with_a_second_segment_survives_restart_and_delete_removes_it() {
         let mut client = connect(&replica.address).await;
         let info = client.info(InfoRequest {}).await.unwrap().into_inner();
         assert!(info.clean_at_open);
-        let s = DataStream::open(&mut client).await;
+        let s = DataStream::open(&replica.address).await;
         for start in (0..blocks).step_by(256) {
             let data = s.read(start * BLOCK as u64, 256 * BLOCK as u64, EPOCH).await.unwrap();
             for i in 0..256u64 {
@@ -352,8 +360,7 @@ fn a_new_lv_on_a_deleted_lvs_extents_starts_empty() {
     let old = format!("lvm:{}/old", vg.name);
     let mut replica = start_replica("old", &old, "32MiB", dir.path(), &[]).unwrap();
     rt.block_on(async {
-        let mut client = connect(&replica.address).await;
-        let s = DataStream::open(&mut client).await;
+        let s = DataStream::open(&replica.address).await;
         for b in 0..64 {
             s.write(b * BLOCK as u64, pattern(b, 7), EPOCH).await.unwrap();
         }
@@ -368,7 +375,7 @@ fn a_new_lv_on_a_deleted_lvs_extents_starts_empty() {
         let mut client = connect(&replica.address).await;
         let info = client.info(InfoRequest {}).await.unwrap().into_inner();
         assert_eq!(info.revision_counter, 0, "a new store has no history");
-        let s = DataStream::open(&mut client).await;
+        let s = DataStream::open(&replica.address).await;
         let data = s.read(0, 64 * BLOCK as u64, EPOCH).await.unwrap();
         assert!(data.iter().all(|&b| b == 0), "a new store read the deleted volume's data");
     });
@@ -435,7 +442,7 @@ fn bad_requests_get_errors_and_the_replica_keeps_serving() {
         let r = start_replica("replica", &store, "16MiB", dir.path(), &[]).unwrap();
         rt.block_on(async {
             let mut client = connect(&r.address).await;
-            let s = DataStream::open(&mut client).await;
+            let s = DataStream::open(&r.address).await;
             s.write(0, pattern(0, 1), EPOCH).await.unwrap();
             let past_end = s.read(16 << 20, BLOCK as u64, EPOCH).await.unwrap_err();
             assert!(past_end.starts_with("INVALID_ARGUMENT"), "{past_end}");
@@ -456,6 +463,65 @@ fn bad_requests_get_errors_and_the_replica_keeps_serving() {
         });
         r
     };
+}
+
+/// Malformed bytes on the replica's port (an oversized frame, unknown
+/// flags, a frame cut off by the peer closing, neither the data stream's
+/// magic nor HTTP/2) close only the connection that sent them: the replica
+/// answers nothing for them and writes nothing, and other streams and new
+/// connections are served with the data intact.
+#[test]
+fn malformed_data_frames_close_only_their_own_connection() {
+    use ironhorn_proto::data::{MAGIC, frame};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = TempDir::new("badframe");
+    let store = format!("file:{}", dir.path().join("r.img").display());
+    let rt = runtime();
+    let r = start_replica("replica", &store, "16MiB", dir.path(), &[]).unwrap();
+    rt.block_on(async {
+        let s = DataStream::open(&r.address).await;
+        s.write(0, pattern(0, 1), EPOCH).await.unwrap();
+        s.flush(EPOCH).await.unwrap();
+        let write = IoRequest {
+            id: 1,
+            op: IoOp::Write as i32,
+            length: BLOCK as u64,
+            data: pattern(0, 2).into(),
+            epoch: EPOCH,
+            ..Default::default()
+        };
+        let mut header = bytes::BytesMut::new();
+        frame::put_request_header(&write, &mut header);
+        let mut oversized = header.clone();
+        oversized[..4].copy_from_slice(&(frame::MAX_FRAME as u32 + 1).to_le_bytes());
+        let mut flags = header.clone();
+        flags[16] = 0x40;
+        let cut_off = [&header[..], &write.data[..100]].concat();
+        let cases: [(&str, Vec<u8>); 4] = [
+            ("oversized frame", [&MAGIC[..], &oversized[..]].concat()),
+            ("unknown flags", [&MAGIC[..], &flags[..], &write.data[..]].concat()),
+            ("frame cut off", [&MAGIC[..], &cut_off[..]].concat()),
+            ("neither magic nor HTTP/2", b"GET / HTTP/1.1\r\n\r\n".to_vec()),
+        ];
+        for (what, bytes) in cases {
+            let mut socket = tokio::net::TcpStream::connect(&r.address).await.expect("connect");
+            socket.write_all(&bytes).await.expect(what);
+            if what == "frame cut off" {
+                socket.shutdown().await.expect("half-close");
+            }
+            let mut answer = Vec::new();
+            let read = tokio::time::timeout(std::time::Duration::from_secs(15), socket.read_to_end(&mut answer)).await;
+            let read = read.unwrap_or_else(|_| panic!("{what}: the replica kept the connection open"));
+            // A reset is as good as a close; either way no frame came back.
+            if read.is_ok() && bytes.starts_with(&MAGIC) {
+                assert_eq!(answer, MAGIC, "{what}: only the handshake may be answered");
+            }
+        }
+        let data = s.read(0, BLOCK as u64, EPOCH).await.unwrap();
+        assert_eq!(version_of(0, &data), Some(1), "a malformed write changed the data");
+        let fresh = DataStream::open(&r.address).await;
+        assert_eq!(version_of(0, &fresh.read(0, BLOCK as u64, EPOCH).await.unwrap()), Some(1));
+    });
 }
 
 /// A rebuild's direct copy (`CopyFrom`): the target reads a range from the
@@ -482,15 +548,14 @@ fn copy_from_moves_a_range_between_replicas_and_tells_source_failures_apart() {
             .unwrap(),
     );
     runtime().block_on(async {
-        let mut src = connect(&source.address).await;
-        let s = DataStream::open(&mut src).await;
+        let s = DataStream::open(&source.address).await;
         // Blocks 3 and 9..12 stay zero: they travel as marks.
         for b in (0..blocks).filter(|b| *b != 3 && !(9..12).contains(b)) {
             s.write(b * BLOCK as u64, pattern(b, 5), EPOCH).await.unwrap();
         }
         s.flush(EPOCH).await.unwrap();
         let mut t = connect(&target.address).await;
-        let ts = DataStream::open(&mut t).await;
+        let ts = DataStream::open(&target.address).await;
         // The target holds other data in the range first.
         for b in 0..blocks {
             ts.write(b * BLOCK as u64, pattern(b, 1), EPOCH).await.unwrap();
@@ -557,7 +622,7 @@ fn random_io_requests_are_each_answered_and_the_replica_keeps_serving() {
     let r = start_replica("replica", &store, "16MiB", dir.path(), &[]).unwrap();
     runtime().block_on(async {
         let mut client = connect(&r.address).await;
-        let s = DataStream::open(&mut client).await;
+        let s = DataStream::open(&r.address).await;
         let last = size / BLOCK as u64 - 1;
         s.write(last * BLOCK as u64, pattern(last, 7), EPOCH).await.unwrap();
         s.flush(EPOCH).await.unwrap();

@@ -187,7 +187,7 @@ fn a_huge_stream_read_is_refused_and_the_replica_keeps_answering() {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     rt.block_on(async {
         let mut client = connect(&r.address).await;
-        let stream = DataStream::open(&mut client).await;
+        let stream = DataStream::open(&r.address).await;
         let err = stream.read(0, 1 << 40, 1).await.expect_err("a 1 TiB read must be refused");
         assert!(err.contains("larger than"), "{err}");
         let info = client.info(ironhorn_proto::replica::InfoRequest {}).await.expect("Info still answers");
