@@ -34,10 +34,11 @@ pub enum StreamError {
     Handshake([u8; 8]),
 }
 
-/// A payload at most this long is copied beside its header, so a batch of
-/// small requests leaves as one buffer; a longer one goes as its own
-/// segment of the vectored write, uncopied.
-const COPY_LIMIT: usize = 16 << 10;
+/// A payload at most this long is copied beside its header; a longer one
+/// goes as its own segment of the vectored write, uncopied (the kernel
+/// copies it once into the socket either way). An engine writes each
+/// payload to every replica, so a copy here is one per replica.
+const COPY_LIMIT: usize = 512;
 /// A batch stops taking frames at this many, or at [`MAX_BATCH_BYTES`] of
 /// payload: one write, and the reader takes it in few reads.
 const MAX_BATCH_FRAMES: usize = 256;
