@@ -15,6 +15,10 @@ use crate::store::{StartedWrite, Store, StoreError};
 
 /// Requests of one stream being worked on at once; more wait in the socket.
 const IN_FLIGHT_PER_STREAM: usize = 256;
+/// A client silent this long is gone (its engine died, or the network cut
+/// it off without a reset): its connection is closed, not kept for ever.
+/// Clients send a keep-alive every `ironhorn_proto::data::KEEPALIVE`.
+const CLIENT_SILENCE: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Serves one data-stream connection on tasks of its own, until the client
 /// closes it or sends something malformed.
@@ -32,7 +36,7 @@ pub fn serve(store: Arc<Store>, r: Reader, w: Writer) {
         // Requests start strictly one after another, in stream order; while
         // one waits to start (for a permit, for room in the store), the
         // socket is not read, and the client's writes back up.
-        let mut requests = FrameReader::new(r, frame::take_request, None);
+        let mut requests = FrameReader::new(r, frame::take_request, Some(CLIENT_SILENCE));
         loop {
             let req = match requests.next().await {
                 Ok(Some(req)) => req,
