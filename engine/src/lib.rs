@@ -88,7 +88,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     let router = tonic::transport::Server::builder()
         .add_service(control::EngineService::new(volume.clone(), block_device.clone()));
-    ironhorn_proto::shutdown::serve_router(router, incoming, None, std::time::Duration::from_secs(2), "control server")
+    ironhorn_proto::shutdown::serve_router(router, incoming, std::time::Duration::from_secs(2), "control server")
         .await?;
     tracing::info!("shutting down: flushing replicas");
     if let Err(e) = volume.flush().await {

@@ -74,11 +74,12 @@ impl ReplicaConn {
         timeout: Duration,
         local_sockets: Option<&std::path::Path>,
     ) -> Result<ReplicaConn, ReplicaError> {
+        // A malformed address is refused before anything is dialled.
+        let endpoint = ironhorn_proto::channel::replica_endpoint(address, timeout)
+            .map_err(|e| ReplicaError::Invalid(format!("replica address {address:?}: {e}")))?;
         let data = ironhorn_proto::data::Client::connect(address, local_sockets, timeout)
             .await
             .map_err(|e| ReplicaError::Failed(e.to_string()))?;
-        let endpoint = ironhorn_proto::channel::replica_endpoint(address, timeout)
-            .map_err(|e| ReplicaError::Invalid(format!("replica address {address:?}: {e}")))?;
         let (channel, _) =
             tokio::time::timeout(timeout, ironhorn_proto::local::connect(endpoint, address, local_sockets))
                 .await

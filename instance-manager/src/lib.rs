@@ -68,7 +68,7 @@ pub async fn serve(config: Config) -> Result<(), String> {
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     let router = tonic::transport::Server::builder()
         .add_service(ironhorn_proto::instance::instance_manager_server::InstanceManagerServer::new(service.clone()));
-    ironhorn_proto::shutdown::serve_router(router, incoming, None, Duration::from_secs(1), "instance manager").await?;
+    ironhorn_proto::shutdown::serve_router(router, incoming, Duration::from_secs(1), "instance manager").await?;
     service.persist().await;
     tracing::info!("instance manager stopped; its instances keep running");
     Ok(())

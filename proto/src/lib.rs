@@ -288,45 +288,22 @@ pub mod shutdown {
         }
     }
 
-    /// Serves `router` on `incoming`, and on `local` too when given (a
-    /// replica's same-node socket, see [`crate::local`]), until a signal,
-    /// then at most `grace`.
+    /// Serves `router` on `incoming` until a signal, then at most `grace`.
+    /// (A replica serves its port and its local socket through
+    /// `crate::data::accept` instead: it routes data streams too.)
     pub async fn serve_router(
         router: tonic::transport::server::Router,
         incoming: tonic::transport::server::TcpIncoming,
-        local: Option<crate::local::Listener>,
         grace: Duration,
         what: &'static str,
     ) -> Result<(), String> {
         let serve = move |stopped: tokio::sync::oneshot::Receiver<()>| async move {
-            let (stop_local, local_stopped) = tokio::sync::oneshot::channel::<()>();
-            let local = local.map(|crate::local::Listener { listener, file }| {
-                let router = router.clone();
-                tokio::spawn(async move {
-                    let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
-                    let served = router
-                        .serve_with_incoming_shutdown(incoming, async {
-                            let _ = local_stopped.await;
-                        })
-                        .await;
-                    // The socket file goes only once nothing serves on it.
-                    drop(file);
-                    served
-                })
-            });
-            let tcp = router
+            router
                 .serve_with_incoming_shutdown(incoming, async {
                     let _ = stopped.await;
                 })
-                .await;
-            let _ = stop_local.send(());
-            if let Some(local) = local {
-                match local.await {
-                    Ok(served) => served.map_err(|e| format!("{what} (local socket): {e}"))?,
-                    Err(e) => return Err(format!("{what} (local socket): {e}")),
-                }
-            }
-            tcp.map_err(|e| format!("{what}: {e}"))
+                .await
+                .map_err(|e| format!("{what}: {e}"))
         };
         serve_until_signal(serve, grace).await
     }

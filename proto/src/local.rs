@@ -103,6 +103,13 @@ impl Transport {
     }
 }
 
+/// `dir`'s socket file for TCP `address`, when there is one. A file left
+/// by a replica that is gone refuses connections: callers fall back to TCP,
+/// where the address itself says whether anything holds it now.
+pub fn existing_socket(dir: Option<&Path>, address: &str) -> Option<PathBuf> {
+    dir.and_then(|dir| socket_path(dir, address).ok()).filter(|p| p.exists())
+}
+
 /// Connects `endpoint` (made for TCP `address`) over `dir`'s socket for that
 /// address when there is one that answers, else over TCP.
 pub async fn connect(
@@ -110,11 +117,9 @@ pub async fn connect(
     address: &str,
     dir: Option<&Path>,
 ) -> Result<(tonic::transport::Channel, Transport), tonic::transport::Error> {
-    if let Some(path) = dir.and_then(|dir| socket_path(dir, address).ok()).filter(|p| p.exists()) {
+    if let Some(path) = existing_socket(dir, address) {
         match endpoint.connect_with_connector(unix_connector(path.clone())).await {
             Ok(channel) => return Ok((channel, Transport::Local)),
-            // A file left by a replica that is gone: the address itself
-            // says whether anything holds it now.
             Err(e) => tracing::debug!(path = %path.display(), error = %e, "local socket refused; using TCP"),
         }
     }

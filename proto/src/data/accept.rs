@@ -19,10 +19,26 @@ use super::wire::{Reader, Writer};
 /// How long a new connection has to send its first eight bytes.
 const FIRST_BYTES_WITHIN: Duration = Duration::from_secs(10);
 
-/// An accepted connection.
+/// A connection of either kind.
 pub enum Conn {
     Tcp(TcpStream),
     Unix(UnixStream),
+}
+
+impl Conn {
+    /// Its read and write halves, each usable from its own task.
+    pub fn into_halves(self) -> (Reader, Writer) {
+        match self {
+            Conn::Tcp(s) => {
+                let (r, w) = s.into_split();
+                (Box::new(r), Box::new(w))
+            }
+            Conn::Unix(s) => {
+                let (r, w) = s.into_split();
+                (Box::new(r), Box::new(w))
+            }
+        }
+    }
 }
 
 /// A connection whose first bytes were read to route it, handed to the
@@ -43,26 +59,62 @@ pub enum Routed {
 /// is answered with [`MAGIC`] here.
 pub async fn route(mut conn: Conn) -> io::Result<Routed> {
     let mut first = [0u8; 8];
-    let read = match &mut conn {
-        Conn::Tcp(s) => tokio::time::timeout(FIRST_BYTES_WITHIN, s.read_exact(&mut first)).await,
-        Conn::Unix(s) => tokio::time::timeout(FIRST_BYTES_WITHIN, s.read_exact(&mut first)).await,
-    };
-    read.map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "no request within 10 s of connecting"))??;
+    tokio::time::timeout(FIRST_BYTES_WITHIN, conn.read_exact(&mut first))
+        .await
+        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "no request within 10 s of connecting"))??;
     if first != MAGIC {
         return Ok(Routed::Grpc(Rewound { conn, prefix: first, replayed: 0 }));
     }
-    Ok(match conn {
-        Conn::Tcp(mut s) => {
-            s.write_all(&MAGIC).await?;
-            let (r, w) = s.into_split();
-            Routed::Data(Box::new(r), Box::new(w))
+    conn.write_all(&MAGIC).await?;
+    let (r, w) = conn.into_halves();
+    Ok(Routed::Data(r, w))
+}
+
+impl AsyncRead for Conn {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        match &mut *self {
+            Conn::Tcp(s) => Pin::new(s).poll_read(cx, buf),
+            Conn::Unix(s) => Pin::new(s).poll_read(cx, buf),
         }
-        Conn::Unix(mut s) => {
-            s.write_all(&MAGIC).await?;
-            let (r, w) = s.into_split();
-            Routed::Data(Box::new(r), Box::new(w))
+    }
+}
+
+impl AsyncWrite for Conn {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        match &mut *self {
+            Conn::Tcp(s) => Pin::new(s).poll_write(cx, buf),
+            Conn::Unix(s) => Pin::new(s).poll_write(cx, buf),
         }
-    })
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match &mut *self {
+            Conn::Tcp(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Conn::Unix(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match &mut *self {
+            Conn::Tcp(s) => Pin::new(s).poll_flush(cx),
+            Conn::Unix(s) => Pin::new(s).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match &mut *self {
+            Conn::Tcp(s) => Pin::new(s).poll_shutdown(cx),
+            Conn::Unix(s) => Pin::new(s).poll_shutdown(cx),
+        }
+    }
 }
 
 impl AsyncRead for Rewound {
@@ -74,19 +126,13 @@ impl AsyncRead for Rewound {
             this.replayed += n;
             return Poll::Ready(Ok(()));
         }
-        match &mut this.conn {
-            Conn::Tcp(s) => Pin::new(s).poll_read(cx, buf),
-            Conn::Unix(s) => Pin::new(s).poll_read(cx, buf),
-        }
+        Pin::new(&mut this.conn).poll_read(cx, buf)
     }
 }
 
 impl AsyncWrite for Rewound {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        match &mut self.conn {
-            Conn::Tcp(s) => Pin::new(s).poll_write(cx, buf),
-            Conn::Unix(s) => Pin::new(s).poll_write(cx, buf),
-        }
+        Pin::new(&mut self.conn).poll_write(cx, buf)
     }
 
     fn poll_write_vectored(
@@ -94,10 +140,7 @@ impl AsyncWrite for Rewound {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        match &mut self.conn {
-            Conn::Tcp(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-            Conn::Unix(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-        }
+        Pin::new(&mut self.conn).poll_write_vectored(cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -105,17 +148,11 @@ impl AsyncWrite for Rewound {
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match &mut self.conn {
-            Conn::Tcp(s) => Pin::new(s).poll_flush(cx),
-            Conn::Unix(s) => Pin::new(s).poll_flush(cx),
-        }
+        Pin::new(&mut self.conn).poll_flush(cx)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match &mut self.conn {
-            Conn::Tcp(s) => Pin::new(s).poll_shutdown(cx),
-            Conn::Unix(s) => Pin::new(s).poll_shutdown(cx),
-        }
+        Pin::new(&mut self.conn).poll_shutdown(cx)
     }
 }
 

@@ -6,16 +6,17 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::KEEPALIVE;
+use super::accept::Conn;
 use super::frame::{self, KEEPALIVE_ID};
-use super::wire::{self, FrameReader, Reader, StreamError, Writer};
-use crate::local::{Transport, socket_path};
+use super::wire::{self, FrameReader, StreamError};
+use crate::local::{Transport, existing_socket};
 use crate::replica::{IoRequest, IoResponse};
 
 type Waiters = Arc<Mutex<HashMap<u64, oneshot::Sender<IoResponse>>>>;
@@ -36,27 +37,20 @@ pub struct Client {
     tx: mpsc::UnboundedSender<IoRequest>,
     waiting: Waiters,
     next_id: AtomicU64,
-    broken: Arc<AtomicBool>,
     closed: watch::Receiver<bool>,
 }
 
 /// Dials `address`: over `dir`'s socket for it when one answers, else TCP.
-async fn dial(address: &str, dir: Option<&Path>) -> std::io::Result<(Reader, Writer, Transport)> {
-    if let Some(path) = dir.and_then(|dir| socket_path(dir, address).ok()).filter(|p| p.exists()) {
+async fn dial(address: &str, dir: Option<&Path>) -> std::io::Result<(Conn, Transport)> {
+    if let Some(path) = existing_socket(dir, address) {
         match tokio::net::UnixStream::connect(&path).await {
-            Ok(s) => {
-                let (r, w) = s.into_split();
-                return Ok((Box::new(r), Box::new(w), Transport::Local));
-            }
-            // A file left by a replica that is gone: the address itself
-            // says whether anything holds it now.
+            Ok(s) => return Ok((Conn::Unix(s), Transport::Local)),
             Err(e) => tracing::debug!(path = %path.display(), error = %e, "local socket refused; using TCP"),
         }
     }
     let s = tokio::net::TcpStream::connect(address).await?;
     s.set_nodelay(true)?;
-    let (r, w) = s.into_split();
-    Ok((Box::new(r), Box::new(w), Transport::Tcp))
+    Ok((Conn::Tcp(s), Transport::Tcp))
 }
 
 impl Client {
@@ -65,9 +59,10 @@ impl Client {
     /// `timeout`. A peer silent for [`KEEPALIVE`] + `timeout` is given up.
     pub async fn connect(address: &str, local_dir: Option<&Path>, timeout: Duration) -> Result<Client, ConnectError> {
         let opened = tokio::time::timeout(timeout, async {
-            let (mut r, mut w, transport) = dial(address, local_dir)
+            let (conn, transport) = dial(address, local_dir)
                 .await
                 .map_err(|source| ConnectError::Connect { address: address.into(), source })?;
+            let (mut r, mut w) = conn.into_halves();
             wire::hello(&mut r, &mut w)
                 .await
                 .map_err(|source| ConnectError::Stream { address: address.into(), source })?;
@@ -79,10 +74,9 @@ impl Client {
 
         let (tx, rx) = mpsc::unbounded_channel::<IoRequest>();
         let waiting: Waiters = Default::default();
-        let broken = Arc::new(AtomicBool::new(false));
         let (closed_tx, closed) = watch::channel(false);
         let keepalive = || IoRequest { id: KEEPALIVE_ID, ..Default::default() };
-        let (w2, b2, a2) = (waiting.clone(), broken.clone(), address.to_string());
+        let (w2, a2) = (waiting.clone(), address.to_string());
         tokio::spawn(async move {
             let sending = wire::send_frames(rx, w, Some((KEEPALIVE, keepalive)));
             let w = w2.clone();
@@ -108,12 +102,12 @@ impl Client {
                 Ok(()) => tracing::debug!(replica = %a2, "data stream closed"),
                 Err(e) => tracing::warn!(replica = %a2, error = %e, "data stream failed"),
             }
-            b2.store(true, Ordering::SeqCst);
-            // Dropping the senders fails every request still waiting.
+            // Closed first, then the waiters dropped (which fails every
+            // request still waiting): `enqueue` relies on that order.
+            closed_tx.send_replace(true);
             w2.lock().expect("waiters").clear();
-            let _ = closed_tx.send(true);
         });
-        Ok(Client { transport, tx, waiting, next_id: AtomicU64::new(1), broken, closed })
+        Ok(Client { transport, tx, waiting, next_id: AtomicU64::new(1), closed })
     }
 
     /// Queues `req` (its id is set here) without waiting; the receiver
@@ -122,14 +116,11 @@ impl Client {
     pub fn enqueue(&self, mut req: IoRequest) -> oneshot::Receiver<IoResponse> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
-        if self.broken.load(Ordering::SeqCst) {
-            return rx;
-        }
         self.waiting.lock().expect("waiters").insert(id, tx);
-        // The stream task marks the stream broken before it empties the
+        // The stream task marks the stream closed before it empties the
         // map: a request put in after that emptying is taken out here.
         req.id = id;
-        if self.broken.load(Ordering::SeqCst) || self.tx.send(req).is_err() {
+        if *self.closed.borrow() || self.tx.send(req).is_err() {
             self.waiting.lock().expect("waiters").remove(&id);
         }
         rx
