@@ -209,14 +209,30 @@ enum Op {
 
 type Reply = oneshot::Sender<io::Result<Option<AlignedBuf>>>;
 
-/// One operation the kernel owns until its completion arrives.
+/// One operation the kernel owns until its completion arrives: one
+/// request, or several adjacent reads or writes merged into one (see
+/// [`merges`]).
 struct InFlight {
     op: Op,
     offset: u64,
-    /// The buffer the kernel reads or writes: it must live until completion.
+    /// The requests, in offset order. Their buffers are what the kernel
+    /// reads or writes: they must live until completion.
+    parts: Vec<Part>,
+    /// For a merged operation, where each part's buffer is; empty otherwise.
+    _iovecs: IoVecs,
+}
+
+struct Part {
     buf: Option<AlignedBuf>,
     reply: Reply,
 }
+
+/// iovecs that point into the buffers of the same [`InFlight`]'s parts.
+struct IoVecs(Vec<libc::iovec>);
+
+// SAFETY: the pointers refer to buffers owned by the same InFlight (heap
+// allocations that do not move with it), and are only read by the kernel.
+unsafe impl Send for IoVecs {}
 
 struct Queued {
     op: Op,
@@ -224,6 +240,35 @@ struct Queued {
     offset: u64,
     buf: Option<AlignedBuf>,
     reply: Reply,
+}
+
+impl Queued {
+    fn len(&self) -> u64 {
+        self.buf.as_ref().map_or(0, |b| b.len() as u64)
+    }
+}
+
+/// At most this many requests go to the disk as one operation.
+const MAX_MERGED_PARTS: usize = 64;
+/// And at most this many bytes, unless a single request is larger.
+const MAX_MERGED_BYTES: u64 = 1 << 20;
+
+/// Whether `next` can join an operation of `parts` requests, `len` bytes,
+/// that `first` starts: a read after reads or a write after writes on the
+/// same file, starting where the operation ends, within the bounds above.
+///
+/// Consecutive writes usually are adjacent on disk: the store allocates
+/// blocks next-fit, so the requests of one burst get consecutive blocks
+/// whatever their volume offsets. One operation of several blocks costs
+/// the disk, the block layer and the completion path one request instead
+/// of several (measured here: three writers at 16 KiB random writes did
+/// 2.4× the bytes per second of the same at 4 KiB).
+fn merges(first: &Queued, parts: usize, len: u64, next: &Queued) -> bool {
+    matches!((first.op, next.op), (Op::Read, Op::Read) | (Op::Write, Op::Write))
+        && next.file == first.file
+        && next.offset == first.offset + len
+        && parts < MAX_MERGED_PARTS
+        && len + next.len() <= MAX_MERGED_BYTES
 }
 
 struct Ring {
@@ -238,6 +283,8 @@ struct Ring {
     in_flight: usize,
     /// Entries pushed to the submission queue but not yet submitted.
     unsubmitted: usize,
+    /// Requests that went to the disk as part of a merged operation.
+    merged: u64,
 }
 
 /// io_uring backend without a thread of its own: callers push SQEs and a
@@ -292,32 +339,65 @@ impl Ring {
         use io_uring::{opcode, types};
         let depth = disk_depth(self.in_flight + self.backlog.len());
         while self.in_flight < depth {
-            let Some(mut q) = self.backlog.pop_front() else { break };
-            let fd = types::Fd(fds[q.file]);
-            let sqe = match q.op {
-                Op::Read => {
-                    let buf = q.buf.as_mut().expect("read buffer");
-                    opcode::Read::new(fd, buf.as_mut_ptr(), buf.len() as u32).offset(q.offset).build()
+            let Some(first) = self.backlog.pop_front() else { break };
+            let mut group = vec![first];
+            let mut len = group[0].len();
+            while let Some(next) = self.backlog.front() {
+                if !merges(&group[0], group.len(), len, next) {
+                    break;
                 }
-                Op::Write => {
-                    let buf = q.buf.as_ref().expect("write buffer");
-                    opcode::Write::new(fd, buf.as_ptr(), buf.len() as u32).offset(q.offset).build()
+                len += next.len();
+                group.push(self.backlog.pop_front().expect("front exists"));
+            }
+            let (op, file, offset) = (group[0].op, group[0].file, group[0].offset);
+            let mut parts: Vec<Part> = group.into_iter().map(|q| Part { buf: q.buf, reply: q.reply }).collect();
+            let fd = types::Fd(fds[file]);
+            let iovecs = IoVecs(if parts.len() > 1 {
+                parts
+                    .iter_mut()
+                    .map(|p| {
+                        let buf = p.buf.as_mut().expect("read or write buffer");
+                        libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() }
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            });
+            let sqe = match (op, parts.len()) {
+                (Op::Read, 1) => {
+                    let buf = parts[0].buf.as_mut().expect("read buffer");
+                    opcode::Read::new(fd, buf.as_mut_ptr(), buf.len() as u32).offset(offset).build()
                 }
-                Op::Sync => opcode::Fsync::new(fd).flags(types::FsyncFlags::DATASYNC).build(),
+                (Op::Write, 1) => {
+                    let buf = parts[0].buf.as_ref().expect("write buffer");
+                    opcode::Write::new(fd, buf.as_ptr(), buf.len() as u32).offset(offset).build()
+                }
+                (Op::Read, n) => opcode::Readv::new(fd, iovecs.0.as_ptr(), n as u32).offset(offset).build(),
+                (Op::Write, n) => opcode::Writev::new(fd, iovecs.0.as_ptr(), n as u32).offset(offset).build(),
+                (Op::Sync, _) => opcode::Fsync::new(fd).flags(types::FsyncFlags::DATASYNC).build(),
             };
             let slot = self.free_slots.pop().unwrap_or_else(|| {
                 self.slots.push(None);
                 self.slots.len() - 1
             });
-            // SAFETY: the buffer moves into `slots` (its heap address does
-            // not change) and stays there until this slot's completion.
+            // SAFETY: the buffers and the iovecs move into `slots` (their
+            // heap addresses do not change) and stay there until this
+            // slot's completion.
             if unsafe { self.ring.submission().push(&sqe.user_data(slot as u64)) }.is_err() {
                 self.free_slots.push(slot);
-                self.backlog.push_front(q);
+                // Back in the queue as they were, each at its own offset.
+                let mut at = offset + len;
+                for p in parts.into_iter().rev() {
+                    at -= p.buf.as_ref().map_or(0, |b| b.len() as u64);
+                    self.backlog.push_front(Queued { op, file, offset: at, buf: p.buf, reply: p.reply });
+                }
                 break;
             }
-            self.slots[slot] = Some(InFlight { op: q.op, offset: q.offset, buf: q.buf, reply: q.reply });
-            self.in_flight += 1;
+            self.in_flight += parts.len();
+            if parts.len() > 1 {
+                self.merged += parts.len() as u64;
+            }
+            self.slots[slot] = Some(InFlight { op, offset, parts, _iovecs: iovecs });
             self.unsubmitted += 1;
         }
     }
@@ -357,21 +437,43 @@ impl Ring {
             let slot = token as usize;
             let f = self.slots[slot].take().expect("completion for an empty slot");
             self.free_slots.push(slot);
-            self.in_flight -= 1;
-            let expected = f.buf.as_ref().map_or(0, |b| b.len());
-            let outcome = if result < 0 {
-                Err(io::Error::from_raw_os_error(-result))
-            } else if result as usize != expected {
-                Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    format!("short {:?} at {}: {} of {} bytes", f.op, f.offset, result, expected),
-                ))
-            } else {
-                Ok(f.buf)
-            };
-            let _ = f.reply.send(outcome);
+            self.in_flight -= f.parts.len();
+            let lens: Vec<usize> = f.parts.iter().map(|p| p.buf.as_ref().map_or(0, |b| b.len())).collect();
+            for (part, outcome) in f.parts.into_iter().zip(part_outcomes(f.op, f.offset, result, &lens)) {
+                let _ = part.reply.send(outcome.map(|()| part.buf));
+            }
         }
     }
+}
+
+/// What each request of an operation gets, given the operation's result
+/// (bytes transferred, or a negative errno) and the requests' lengths in
+/// offset order. A request is done only if every one of its bytes was
+/// transferred; a short transfer fails the requests it did not cover.
+fn part_outcomes(op: Op, offset: u64, result: i32, lens: &[usize]) -> Vec<io::Result<()>> {
+    let mut end = 0usize;
+    lens.iter()
+        .map(|&len| {
+            let start = end;
+            end += len;
+            if result < 0 {
+                Err(io::Error::from_raw_os_error(-result))
+            } else if (result as usize) < end {
+                Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    format!(
+                        "short {:?} at {}: {} of {} bytes",
+                        op,
+                        offset + start as u64,
+                        (result as usize).saturating_sub(start).min(len),
+                        len
+                    ),
+                ))
+            } else {
+                Ok(())
+            }
+        })
+        .collect()
 }
 
 impl UringIo {
@@ -398,6 +500,7 @@ impl UringIo {
             submit_requested: false,
             in_flight: 0,
             unsubmitted: 0,
+            merged: 0,
         }));
         let fds: Vec<RawFd> = files.iter().map(|f| f.as_raw_fd()).collect();
         let submit_soon = Arc::new(tokio::sync::Notify::new());
@@ -531,6 +634,87 @@ mod tests {
             out.push(h.await.unwrap());
         }
         out
+    }
+
+    fn queued(op: Op, file: usize, offset: u64, len: usize) -> Queued {
+        let (reply, _) = oneshot::channel();
+        Queued { op, file, offset, buf: (len > 0).then(|| AlignedBuf::zeroed(len)), reply }
+    }
+
+    #[test]
+    fn only_adjacent_reads_or_writes_on_one_file_merge_within_the_bounds() {
+        let first = queued(Op::Write, 0, 8192, 4096);
+        assert!(merges(&first, 1, 4096, &queued(Op::Write, 0, 12288, 4096)));
+        assert!(merges(&first, 3, 3 * 4096, &queued(Op::Write, 0, 8192 + 3 * 4096, 8192)));
+        assert!(!merges(&first, 1, 4096, &queued(Op::Write, 0, 16384, 4096)), "a gap");
+        assert!(!merges(&first, 1, 4096, &queued(Op::Write, 0, 4096, 4096)), "before, not after");
+        assert!(!merges(&first, 1, 4096, &queued(Op::Write, 1, 12288, 4096)), "another file");
+        assert!(!merges(&first, 1, 4096, &queued(Op::Read, 0, 12288, 4096)), "a read after a write");
+        assert!(!merges(&first, 1, 4096, &queued(Op::Sync, 0, 12288, 0)));
+        assert!(!merges(&queued(Op::Sync, 0, 0, 0), 1, 0, &queued(Op::Sync, 0, 0, 0)));
+        let read = queued(Op::Read, 0, 0, 4096);
+        assert!(merges(&read, 1, 4096, &queued(Op::Read, 0, 4096, 4096)));
+        assert!(!merges(
+            &read,
+            MAX_MERGED_PARTS,
+            4096 * MAX_MERGED_PARTS as u64,
+            &queued(Op::Read, 0, 4096 * MAX_MERGED_PARTS as u64, 4096)
+        ));
+        assert!(!merges(&read, 1, MAX_MERGED_BYTES, &queued(Op::Read, 0, MAX_MERGED_BYTES, 4096)));
+    }
+
+    #[test]
+    fn a_short_merged_transfer_fails_only_the_requests_it_did_not_cover() {
+        let ok = |v: &[io::Result<()>]| v.iter().map(|r| r.is_ok()).collect::<Vec<_>>();
+        assert_eq!(ok(&part_outcomes(Op::Write, 0, 12288, &[4096, 4096, 4096])), [true, true, true]);
+        assert_eq!(ok(&part_outcomes(Op::Write, 0, 6000, &[4096, 4096, 4096])), [true, false, false]);
+        assert_eq!(ok(&part_outcomes(Op::Read, 0, 0, &[4096])), [false]);
+        let failed = part_outcomes(Op::Write, 0, -libc::EIO, &[4096, 4096]);
+        assert!(failed.iter().all(|r| r.as_ref().is_err_and(|e| e.raw_os_error() == Some(libc::EIO))));
+        assert_eq!(ok(&part_outcomes(Op::Sync, 0, 0, &[0])), [true]);
+        let short = part_outcomes(Op::Read, 4096, 6000, &[4096, 4096]);
+        let message = short[1].as_ref().unwrap_err().to_string();
+        assert!(message.contains("at 8192: 1904 of 4096 bytes"), "{message}");
+    }
+
+    /// A burst of adjacent writes (as the store allocates them) goes to the
+    /// disk merged, and a burst of adjacent reads brings every block back to
+    /// the request that asked for it.
+    #[tokio::test(flavor = "current_thread")]
+    async fn adjacent_requests_merge_and_each_gets_its_own_data() {
+        let path = std::env::temp_dir().join(format!("ironhorn-io-merge-{}", std::process::id()));
+        let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).unwrap();
+        let blocks = 200usize;
+        file.set_len((blocks * IO_ALIGN) as u64).unwrap();
+        let backend = Arc::new(Backend::new(BackendKind::Uring, vec![Arc::new(file)]).unwrap());
+        let writes = (0..blocks).map(|i| {
+            let backend = backend.clone();
+            let mut buf = AlignedBuf::zeroed(IO_ALIGN);
+            buf.fill((i % 251) as u8 + 1);
+            tokio::spawn(async move { backend.write(0, (i * IO_ALIGN) as u64, buf).await.map(|_| ()) })
+        });
+        for w in join_in_order(writes.collect()).await {
+            w.unwrap();
+        }
+        let Backend::Uring(u) = &*backend else { panic!("built as io_uring") };
+        let merged_writes = u.state.lock().unwrap().merged;
+        assert!(merged_writes > 0, "a burst of adjacent writes went in one by one");
+        backend.sync().await.unwrap();
+        let reads = (0..blocks).map(|i| {
+            let backend = backend.clone();
+            tokio::spawn(async move { backend.read(0, (i * IO_ALIGN) as u64, AlignedBuf::zeroed(IO_ALIGN)).await })
+        });
+        for (i, read) in join_in_order(reads.collect()).await.into_iter().enumerate() {
+            let buf = read.unwrap();
+            assert!(buf.iter().all(|&b| b == (i % 251) as u8 + 1), "block {i} came back with another block's data");
+        }
+        assert!(u.state.lock().unwrap().merged > merged_writes, "a burst of adjacent reads went in one by one");
+        let on_disk = std::fs::read(&path).unwrap();
+        for (i, block) in on_disk.chunks(IO_ALIGN).enumerate() {
+            assert!(block.iter().all(|&b| b == (i % 251) as u8 + 1), "block {i} on disk");
+        }
+        assert_eq!(u.state.lock().unwrap().in_flight, 0);
+        std::fs::remove_file(path).unwrap();
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
