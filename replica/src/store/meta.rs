@@ -6,6 +6,7 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
+use super::blockmap::BlockMap;
 use super::{Result, StoreError, checkpoint_blocks_for, now_unix_ms, zero_block_crc};
 use crate::format::{CheckpointImage, Entry, FlushStamp, LayerImage, Record, Superblock, ZERO_PBA};
 
@@ -99,7 +100,7 @@ pub(super) struct Layer {
     pub(super) name: String,
     pub(super) created_unix_ms: u64,
     pub(super) size_bytes: u64,
-    pub(super) map: BTreeMap<u64, Entry>,
+    pub(super) map: BlockMap,
 }
 
 #[derive(Default)]
@@ -221,7 +222,7 @@ impl Meta {
 
     /// What `lba` reads as from layer `top` down: an entry, or zeroes.
     pub(super) fn resolve(&self, top: usize, lba: u64) -> Option<Entry> {
-        self.layers[..=top].iter().rev().find_map(|l| l.map.get(&lba).copied()).filter(|e| e.pba != ZERO_PBA)
+        self.layers[..=top].iter().rev().find_map(|l| l.map.get(lba)).filter(|e| e.pba != ZERO_PBA)
     }
 
     /// Sets one layer's mapping of `lba` and journals it.
@@ -230,7 +231,7 @@ impl Meta {
         let id = layer.id;
         let old = match value {
             Some(e) => layer.map.insert(lba, e),
-            None => layer.map.remove(&lba),
+            None => layer.map.remove(lba),
         };
         if let Some(old) = old.filter(|o| o.pba != ZERO_PBA) {
             self.pending_free.push(old.pba);
@@ -245,7 +246,7 @@ impl Meta {
 
     /// The value that makes `lba` of layer `index` read as zeroes.
     pub(super) fn zero_value(&self, index: usize, lba: u64) -> Option<Entry> {
-        let below = self.layers[..index].iter().any(|l| l.map.contains_key(&lba));
+        let below = self.layers[..index].iter().any(|l| l.map.contains_key(lba));
         below.then_some(Entry { pba: ZERO_PBA, crc: zero_block_crc() })
     }
 
@@ -283,7 +284,7 @@ impl Meta {
             name: name.to_string(),
             created_unix_ms: now_unix_ms(),
             size_bytes: self.sb.volume_size,
-            map: BTreeMap::new(),
+            map: BlockMap::new(),
         }
     }
 
@@ -341,7 +342,7 @@ impl Meta {
                     name: l.name.clone(),
                     created_unix_ms: l.created_unix_ms,
                     size_bytes: l.size_bytes,
-                    entries: l.map.iter().map(|(k, v)| (*k, *v)).collect(),
+                    entries: l.map.iter().collect(),
                 })
                 .collect(),
         }
@@ -386,7 +387,7 @@ mod tests {
         let (first_pba, second_pba) = (first.runs[0].0, second.runs[0].0);
         m.settle_write(&second, Some(&[2]));
         m.settle_write(&first, Some(&[1]));
-        assert_eq!(m.layers[1].map.get(&5).copied(), entry(second_pba, 2), "the later-started write is kept");
+        assert_eq!(m.layers[1].map.get(5), entry(second_pba, 2), "the later-started write is kept");
         assert!(!m.alloc.is_used(first_pba), "the superseded block is free at once (nothing pointed at it)");
         assert!(m.alloc.is_used(second_pba));
         assert!(m.lba_writes.is_empty(), "no write left in flight");

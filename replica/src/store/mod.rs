@@ -16,7 +16,6 @@
 //! - Every read block is checked against its crc; a mismatch is an error
 //!   naming the volume offset, never data.
 
-use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use thiserror::Error;
@@ -29,6 +28,8 @@ use crate::format::{
 };
 use crate::io::{AlignedBuf, BackendKind};
 
+mod blockmap;
+use blockmap::BlockMap;
 mod fence;
 mod meta;
 mod scan;
@@ -327,7 +328,7 @@ impl Store {
             name: String::new(),
             created_unix_ms: now_unix_ms(),
             size_bytes: volume_size,
-            map: BTreeMap::new(),
+            map: BlockMap::new(),
         };
         Ok(Self::assemble(device, Meta::new(sb, vec![head], 2, alloc, Vec::new(), 0, FlushStamp::NONE, true)))
     }
@@ -449,7 +450,7 @@ impl Store {
                     .ok_or_else(|| corrupt(format!("journal block at byte {at} names unknown layer {layer_id}")))?;
                 let old = match value {
                     Some(e) => layer.map.insert(lba, e),
-                    None => layer.map.remove(&lba),
+                    None => layer.map.remove(lba),
                 };
                 if let Some(old) = old.filter(|o| o.pba != ZERO_PBA) {
                     alloc.release(old.pba);
@@ -644,10 +645,10 @@ impl Store {
                 }
                 // Only blocks some layer up to this one maps can change.
                 let mapped: std::collections::BTreeSet<u64> =
-                    meta.layers[..=index].iter().flat_map(|l| l.map.range(from..to).map(|(k, _)| *k)).collect();
+                    meta.layers[..=index].iter().flat_map(|l| l.map.range(from..to).map(|(k, _)| k)).collect();
                 for lba in mapped {
                     let value = meta.zero_value(index, lba);
-                    let current = meta.layers[index].map.get(&lba).copied();
+                    let current = meta.layers[index].map.get(lba);
                     if current.is_none() && value.is_none() || current == value {
                         continue;
                     }
@@ -706,10 +707,10 @@ impl Store {
             let entries: Vec<(BlockState, Option<Entry>)> = (first..first + length / BLOCK_SIZE)
                 .map(|lba| {
                     if only {
-                        match meta.layers[top].map.get(&lba) {
+                        match meta.layers[top].map.get(lba) {
                             None => (BlockState::Unmapped, None),
                             Some(e) if e.pba == ZERO_PBA => (BlockState::Zero, None),
-                            Some(e) => (BlockState::Data, Some(*e)),
+                            Some(e) => (BlockState::Data, Some(e)),
                         }
                     } else {
                         match meta.resolve(top, lba) {

@@ -44,7 +44,7 @@ impl Store {
         let meta = self.meta();
         let index = meta.layer_index(layer)?;
         let mut out: Vec<Extent> = Vec::new();
-        for (&lba, e) in &meta.layers[index].map {
+        for (lba, e) in meta.layers[index].map.iter() {
             let zero = e.pba == ZERO_PBA;
             let offset = lba * BLOCK_SIZE;
             match out.last_mut() {
@@ -97,7 +97,7 @@ impl Store {
                         let (state, crc) = if merged {
                             (1u8, meta.resolve(index, lba).map_or(zero_block_crc(), |e| e.crc))
                         } else {
-                            match meta.layers[index].map.get(&lba) {
+                            match meta.layers[index].map.get(lba) {
                                 None => (0, 0),
                                 Some(e) => (1, e.crc),
                             }

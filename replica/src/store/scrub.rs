@@ -84,7 +84,7 @@ impl Store {
             .iter()
             .enumerate()
             .flat_map(|(layer, l)| {
-                l.map.range(lbas.clone()).filter(|(_, e)| e.pba != ZERO_PBA).map(move |(&lba, &entry)| Mapped {
+                l.map.range(lbas.clone()).filter(|(_, e)| e.pba != ZERO_PBA).map(move |(lba, entry)| Mapped {
                     layer,
                     lba,
                     entry,

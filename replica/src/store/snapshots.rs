@@ -81,8 +81,8 @@ impl Store {
             let mut freed = Vec::new();
             {
                 let child = &mut meta.layers[index];
-                for (lba, e) in layer.map {
-                    if child.map.contains_key(&lba) {
+                for (lba, e) in layer.map.iter() {
+                    if child.map.contains_key(lba) {
                         if e.pba != ZERO_PBA {
                             freed.push(e.pba);
                         }
