@@ -615,17 +615,23 @@ mod tests {
         }
         file.write_all_at(&content, 0).unwrap();
         let backend = Arc::new(Backend::new(BackendKind::Uring, vec![Arc::new(file)]).unwrap());
+        read_each_block(&backend, blocks, 253).await;
+        let Backend::Uring(u) = &*backend else { panic!("built as io_uring") };
+        assert_eq!(u.state.lock().unwrap().in_flight, 0);
+        std::fs::remove_file(path).unwrap();
+    }
+
+    /// Reads every block of file 0 at once, each block its own request, and
+    /// checks that block i came back holding `i % m + 1` in every byte.
+    async fn read_each_block(backend: &Arc<Backend>, blocks: usize, m: usize) {
         let reads = (0..blocks).map(|i| {
             let backend = backend.clone();
             tokio::spawn(async move { backend.read(0, (i * IO_ALIGN) as u64, AlignedBuf::zeroed(IO_ALIGN)).await })
         });
         for (i, read) in join_in_order(reads.collect()).await.into_iter().enumerate() {
             let buf = read.unwrap();
-            assert!(buf.iter().all(|&b| b == (i % 253) as u8 + 1), "block {i} read another block's data");
+            assert!(buf.iter().all(|&b| b == (i % m) as u8 + 1), "block {i} came back with another block's data");
         }
-        let Backend::Uring(u) = &*backend else { panic!("built as io_uring") };
-        assert_eq!(u.state.lock().unwrap().in_flight, 0);
-        std::fs::remove_file(path).unwrap();
     }
 
     async fn join_in_order<T>(handles: Vec<tokio::task::JoinHandle<T>>) -> Vec<T> {
@@ -700,14 +706,7 @@ mod tests {
         let merged_writes = u.state.lock().unwrap().merged;
         assert!(merged_writes > 0, "a burst of adjacent writes went in one by one");
         backend.sync().await.unwrap();
-        let reads = (0..blocks).map(|i| {
-            let backend = backend.clone();
-            tokio::spawn(async move { backend.read(0, (i * IO_ALIGN) as u64, AlignedBuf::zeroed(IO_ALIGN)).await })
-        });
-        for (i, read) in join_in_order(reads.collect()).await.into_iter().enumerate() {
-            let buf = read.unwrap();
-            assert!(buf.iter().all(|&b| b == (i % 251) as u8 + 1), "block {i} came back with another block's data");
-        }
+        read_each_block(&backend, blocks, 251).await;
         assert!(u.state.lock().unwrap().merged > merged_writes, "a burst of adjacent reads went in one by one");
         let on_disk = std::fs::read(&path).unwrap();
         for (i, block) in on_disk.chunks(IO_ALIGN).enumerate() {
