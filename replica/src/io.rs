@@ -253,9 +253,9 @@ const MAX_MERGED_PARTS: usize = 64;
 /// And at most this many bytes, unless a single request is larger.
 const MAX_MERGED_BYTES: u64 = 1 << 20;
 
-/// Whether `next` can join an operation of `parts` requests, `len` bytes,
-/// that `first` starts: a read after reads or a write after writes on the
-/// same file, starting where the operation ends, within the bounds above.
+/// Whether `next` can join an operation `op` on `file` of `parts` requests,
+/// `len` bytes from `offset`: a read after reads or a write after writes on
+/// the same file, starting where the operation ends, within the bounds above.
 ///
 /// Consecutive writes usually are adjacent on disk: the store allocates
 /// blocks next-fit, so the requests of one burst get consecutive blocks
@@ -263,10 +263,10 @@ const MAX_MERGED_BYTES: u64 = 1 << 20;
 /// the disk, the block layer and the completion path one request instead
 /// of several (measured here: three writers at 16 KiB random writes did
 /// 2.4× the bytes per second of the same at 4 KiB).
-fn merges(first: &Queued, parts: usize, len: u64, next: &Queued) -> bool {
-    matches!((first.op, next.op), (Op::Read, Op::Read) | (Op::Write, Op::Write))
-        && next.file == first.file
-        && next.offset == first.offset + len
+fn merges(op: Op, file: usize, offset: u64, parts: usize, len: u64, next: &Queued) -> bool {
+    matches!((op, next.op), (Op::Read, Op::Read) | (Op::Write, Op::Write))
+        && next.file == file
+        && next.offset == offset + len
         && parts < MAX_MERGED_PARTS
         && len + next.len() <= MAX_MERGED_BYTES
 }
@@ -340,17 +340,17 @@ impl Ring {
         let depth = disk_depth(self.in_flight + self.backlog.len());
         while self.in_flight < depth {
             let Some(first) = self.backlog.pop_front() else { break };
-            let mut group = vec![first];
-            let mut len = group[0].len();
+            let (op, file, offset) = (first.op, first.file, first.offset);
+            let mut len = first.len();
+            let mut parts = vec![Part { buf: first.buf, reply: first.reply }];
             while let Some(next) = self.backlog.front() {
-                if !merges(&group[0], group.len(), len, next) {
+                if !merges(op, file, offset, parts.len(), len, next) {
                     break;
                 }
+                let next = self.backlog.pop_front().expect("front exists");
                 len += next.len();
-                group.push(self.backlog.pop_front().expect("front exists"));
+                parts.push(Part { buf: next.buf, reply: next.reply });
             }
-            let (op, file, offset) = (group[0].op, group[0].file, group[0].offset);
-            let mut parts: Vec<Part> = group.into_iter().map(|q| Part { buf: q.buf, reply: q.reply }).collect();
             let fd = types::Fd(fds[file]);
             let iovecs = IoVecs(if parts.len() > 1 {
                 parts
@@ -438,42 +438,38 @@ impl Ring {
             let f = self.slots[slot].take().expect("completion for an empty slot");
             self.free_slots.push(slot);
             self.in_flight -= f.parts.len();
-            let lens: Vec<usize> = f.parts.iter().map(|p| p.buf.as_ref().map_or(0, |b| b.len())).collect();
-            for (part, outcome) in f.parts.into_iter().zip(part_outcomes(f.op, f.offset, result, &lens)) {
+            let mut start = 0;
+            for part in f.parts {
+                let len = part.buf.as_ref().map_or(0, |b| b.len());
+                let outcome = part_outcome(f.op, f.offset, result, start, len);
+                start += len;
                 let _ = part.reply.send(outcome.map(|()| part.buf));
             }
         }
     }
 }
 
-/// What each request of an operation gets, given the operation's result
-/// (bytes transferred, or a negative errno) and the requests' lengths in
-/// offset order. A request is done only if every one of its bytes was
+/// What the request at bytes `start..start + len` of an operation from
+/// `offset` gets, given the operation's result (bytes transferred, or a
+/// negative errno). A request is done only if every one of its bytes was
 /// transferred; a short transfer fails the requests it did not cover.
-fn part_outcomes(op: Op, offset: u64, result: i32, lens: &[usize]) -> Vec<io::Result<()>> {
-    let mut end = 0usize;
-    lens.iter()
-        .map(|&len| {
-            let start = end;
-            end += len;
-            if result < 0 {
-                Err(io::Error::from_raw_os_error(-result))
-            } else if (result as usize) < end {
-                Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    format!(
-                        "short {:?} at {}: {} of {} bytes",
-                        op,
-                        offset + start as u64,
-                        (result as usize).saturating_sub(start).min(len),
-                        len
-                    ),
-                ))
-            } else {
-                Ok(())
-            }
-        })
-        .collect()
+fn part_outcome(op: Op, offset: u64, result: i32, start: usize, len: usize) -> io::Result<()> {
+    if result < 0 {
+        Err(io::Error::from_raw_os_error(-result))
+    } else if (result as usize) < start + len {
+        Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            format!(
+                "short {:?} at {}: {} of {} bytes",
+                op,
+                offset + start as u64,
+                (result as usize).saturating_sub(start).min(len),
+                len
+            ),
+        ))
+    } else {
+        Ok(())
+    }
 }
 
 impl UringIo {
@@ -642,6 +638,20 @@ mod tests {
         out
     }
 
+    /// `merges` for an operation that `first` starts.
+    fn joins(first: &Queued, parts: usize, len: u64, next: &Queued) -> bool {
+        merges(first.op, first.file, first.offset, parts, len, next)
+    }
+
+    /// What each request of an operation gets, lengths in offset order.
+    fn part_outcomes(op: Op, offset: u64, result: i32, lens: &[usize]) -> Vec<io::Result<()>> {
+        let starts = lens.iter().scan(0, |at, &len| {
+            *at += len;
+            Some(*at - len)
+        });
+        starts.zip(lens).map(|(start, &len)| part_outcome(op, offset, result, start, len)).collect()
+    }
+
     fn queued(op: Op, file: usize, offset: u64, len: usize) -> Queued {
         let (reply, _) = oneshot::channel();
         Queued { op, file, offset, buf: (len > 0).then(|| AlignedBuf::zeroed(len)), reply }
@@ -650,23 +660,23 @@ mod tests {
     #[test]
     fn only_adjacent_reads_or_writes_on_one_file_merge_within_the_bounds() {
         let first = queued(Op::Write, 0, 8192, 4096);
-        assert!(merges(&first, 1, 4096, &queued(Op::Write, 0, 12288, 4096)));
-        assert!(merges(&first, 3, 3 * 4096, &queued(Op::Write, 0, 8192 + 3 * 4096, 8192)));
-        assert!(!merges(&first, 1, 4096, &queued(Op::Write, 0, 16384, 4096)), "a gap");
-        assert!(!merges(&first, 1, 4096, &queued(Op::Write, 0, 4096, 4096)), "before, not after");
-        assert!(!merges(&first, 1, 4096, &queued(Op::Write, 1, 12288, 4096)), "another file");
-        assert!(!merges(&first, 1, 4096, &queued(Op::Read, 0, 12288, 4096)), "a read after a write");
-        assert!(!merges(&first, 1, 4096, &queued(Op::Sync, 0, 12288, 0)));
-        assert!(!merges(&queued(Op::Sync, 0, 0, 0), 1, 0, &queued(Op::Sync, 0, 0, 0)));
+        assert!(joins(&first, 1, 4096, &queued(Op::Write, 0, 12288, 4096)));
+        assert!(joins(&first, 3, 3 * 4096, &queued(Op::Write, 0, 8192 + 3 * 4096, 8192)));
+        assert!(!joins(&first, 1, 4096, &queued(Op::Write, 0, 16384, 4096)), "a gap");
+        assert!(!joins(&first, 1, 4096, &queued(Op::Write, 0, 4096, 4096)), "before, not after");
+        assert!(!joins(&first, 1, 4096, &queued(Op::Write, 1, 12288, 4096)), "another file");
+        assert!(!joins(&first, 1, 4096, &queued(Op::Read, 0, 12288, 4096)), "a read after a write");
+        assert!(!joins(&first, 1, 4096, &queued(Op::Sync, 0, 12288, 0)));
+        assert!(!joins(&queued(Op::Sync, 0, 0, 0), 1, 0, &queued(Op::Sync, 0, 0, 0)));
         let read = queued(Op::Read, 0, 0, 4096);
-        assert!(merges(&read, 1, 4096, &queued(Op::Read, 0, 4096, 4096)));
-        assert!(!merges(
+        assert!(joins(&read, 1, 4096, &queued(Op::Read, 0, 4096, 4096)));
+        assert!(!joins(
             &read,
             MAX_MERGED_PARTS,
             4096 * MAX_MERGED_PARTS as u64,
             &queued(Op::Read, 0, 4096 * MAX_MERGED_PARTS as u64, 4096)
         ));
-        assert!(!merges(&read, 1, MAX_MERGED_BYTES, &queued(Op::Read, 0, MAX_MERGED_BYTES, 4096)));
+        assert!(!joins(&read, 1, MAX_MERGED_BYTES, &queued(Op::Read, 0, MAX_MERGED_BYTES, 4096)));
     }
 
     #[test]

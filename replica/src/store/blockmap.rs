@@ -20,11 +20,11 @@ use crate::format::Entry;
 
 const CHUNK_SHIFT: u32 = 9;
 /// Blocks per chunk.
-pub(crate) const CHUNK: usize = 1 << CHUNK_SHIFT;
+const CHUNK: usize = 1 << CHUNK_SHIFT;
 const WORDS: usize = CHUNK / 64;
 const DIR_SHIFT: u32 = 12;
 /// Chunks per directory.
-pub(crate) const DIR: usize = 1 << DIR_SHIFT;
+const DIR: usize = 1 << DIR_SHIFT;
 
 struct Chunk {
     /// Which entries are mapped, one bit each.
