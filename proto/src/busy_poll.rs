@@ -125,12 +125,20 @@ fn poller() -> &'static Poller {
     })
 }
 
-/// Marks activity (a request started or finished): the poller runs, if it
-/// was asleep, for at least one window from now. Cheap: two atomics, and a
-/// wake-up only when the poller was asleep.
-fn touch() {
+/// Marks activity (a request started or finished, leaving `depth` in
+/// flight): the poller runs, if it was asleep, for at least one window
+/// from now. Cheap: two atomics, and a wake-up only when the poller was
+/// asleep and could poll at this depth. At depth it would look and go back
+/// to sleep, and that wake-up on every turn of a busy runtime cost 3–5 %
+/// of a process's CPU at QD32 (`perf`: the task's wake and its
+/// `/proc/loadavg` read); it is woken instead by the first end of a
+/// request that leaves the queue shallow.
+fn touch(depth: usize) {
     let p = poller();
     p.activity.fetch_add(1, Ordering::Relaxed);
+    if depth > MAX_POLLED_DEPTH {
+        return;
+    }
     if !p.polling.swap(true, Ordering::AcqRel) {
         p.wake.notify_one();
     }
@@ -145,15 +153,15 @@ impl InFlight {
         let p = poller();
         let depth = p.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
         p.peak.fetch_max(depth, Ordering::Relaxed);
-        touch();
+        touch(depth);
         InFlight
     }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        poller().in_flight.fetch_sub(1, Ordering::Relaxed);
-        touch();
+        let depth = poller().in_flight.fetch_sub(1, Ordering::Relaxed) - 1;
+        touch(depth);
     }
 }
 
@@ -247,23 +255,28 @@ pub fn start() {
             p.wake.notified().await;
             let mut seen = p.activity.load(Ordering::Relaxed);
             let mut since = Instant::now();
-            let mut room = room_to_poll();
-            let mut looked = since;
+            // Whether the machine has a core to spare, looked at only once
+            // the other rules would poll (a `pread` of `/proc/loadavg`),
+            // and again every `CROWD_CHECK` while polling.
+            let mut room: Option<(bool, Instant)> = None;
             loop {
                 let now = p.activity.load(Ordering::Relaxed);
                 if now != seen {
                     seen = now;
                     since = Instant::now();
                 }
-                if looked.elapsed() >= CROWD_CHECK {
-                    room = room_to_poll();
-                    looked = Instant::now();
-                }
                 // The deepest the queue was since the poller last slept:
                 // a burst at depth stops it before it takes any CPU.
                 let depth = p.peak.load(Ordering::Relaxed).max(p.in_flight.load(Ordering::Relaxed));
                 let paced = p.paced.load(Ordering::Relaxed) > 0;
-                if !room || !keep_polling(since.elapsed(), depth, p.idle_window, paced) {
+                let mut wanted = keep_polling(since.elapsed(), depth, p.idle_window, paced);
+                if wanted {
+                    if room.is_none_or(|(_, looked)| looked.elapsed() >= CROWD_CHECK) {
+                        room = Some((room_to_poll(), Instant::now()));
+                    }
+                    wanted = room.is_some_and(|(spare, _)| spare);
+                }
+                if !wanted {
                     p.peak.store(p.in_flight.load(Ordering::Relaxed), Ordering::Relaxed);
                     p.polling.store(false, Ordering::Release);
                     // Activity between the last look and giving up the
