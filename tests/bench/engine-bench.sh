@@ -7,7 +7,7 @@
 # disk gives three writers at once (the ceiling 3 replicas on it meet);
 # then the CPU that idle engine and replica processes use.
 #
-#   tests/bench/engine-bench.sh            (env: SIZE=1G RUNTIME=10 DIR=/var/tmp)
+#   tests/bench/engine-bench.sh     (env: SIZE=1G RUNTIME=10 ROUNDS=3 DIR=/var/tmp)
 set -euo pipefail
 SIZE=${SIZE:-1G}
 RUNTIME=${RUNTIME:-10}
@@ -93,21 +93,39 @@ for key in one three; do
 done
 
 KEYS=(raw nbdkit one three bd)
-declare -A RR RW LW LR
+# Each job runs ROUNDS times on every target, the order of the targets
+# reversed every other round (so a drift of the host over the run weighs on
+# every target alike), and each figure is the median of its rounds.
+ROUNDS=${ROUNDS:-3}
+median() { tr ' ' '\n' | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+declare -A RR RW LW LR ROUNDS_SEEN
 for job in "randread 32 RR read.iops" "randwrite 32 RW write.iops" \
            "randwrite 1 LW write.clat_ns.mean/1000" "randread 1 LR read.clat_ns.mean/1000"; do
   read -r rw qd into field <<<"$job"
-  echo "running: $rw, iodepth $qd, on each target..." >&2
-  for key in "${KEYS[@]}"; do
-    # shellcheck disable=SC2086
-    v=$(fio_job "$rw" "$qd" ${TARGET[$key]} | jq ".jobs[0].$field")
-    declare -n into_ref=$into
-    into_ref[$key]=$v
-    unset -n into_ref
+  echo "running: $rw, iodepth $qd, on each target, $ROUNDS rounds..." >&2
+  declare -A SEEN=()
+  shares=()
+  for round in $(seq 1 "$ROUNDS"); do
+    order=("${KEYS[@]}")
+    if [ $((round % 2)) = 0 ]; then order=(); for ((i = ${#KEYS[@]} - 1; i >= 0; i--)); do order+=("${KEYS[$i]}"); done; fi
+    for key in "${order[@]}"; do
+      # shellcheck disable=SC2086
+      v=$(fio_job "$rw" "$qd" ${TARGET[$key]} | jq ".jobs[0].$field")
+      SEEN[$key]="${SEEN[$key]:-} $v"
+      ROUNDS_SEEN["$rw $qd $key"]="${ROUNDS_SEEN["$rw $qd $key"]:-} $(printf '%.0f' "$v")"
+    done
+    case "$rw $qd" in
+      "randwrite 32") shares+=("$(disk_share 32)") ;;
+      "randwrite 1") shares+=("$(disk_share 1)") ;;
+    esac
   done
+  declare -n into_ref=$into
+  for key in "${KEYS[@]}"; do into_ref[$key]=$(median <<<"${SEEN[$key]# }"); done
+  unset -n into_ref
+  unset SEEN
   case "$rw $qd" in
-    "randwrite 32") SHARE_W=$(disk_share 32) ;;
-    "randwrite 1") SHARE_L=$(disk_share 1) ;;
+    "randwrite 32") SHARE_W=$(median <<<"${shares[*]}") ;;
+    "randwrite 1") SHARE_L=$(median <<<"${shares[*]}") ;;
   esac
 done
 declare -A RESULT
@@ -126,7 +144,7 @@ idle_cpu=$(awk -v d=$((t1 - t0)) -v hz="$hz" -v n="${#PIDS[@]}" 'BEGIN { printf 
 read -r raw_r raw_w raw_l <<<"${RESULT[raw]}"
 read -r nk_r nk_w nk_l <<<"${RESULT[nbdkit]}"
 echo
-echo "4 KiB random I/O, iodepth 32 (IOPS) and QD1 write latency; size $SIZE, ${RUNTIME}s per run"
+echo "4 KiB random I/O, iodepth 32 (IOPS) and QD1 write latency; size $SIZE, ${RUNTIME}s per run, each the median of $ROUNDS rounds (every round below)"
 echo
 echo "| target | randread IOPS | ×raw | ×nbdkit | randwrite IOPS | ×raw | ×nbdkit | QD1 write µs | QD1 read µs |"
 echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
@@ -156,5 +174,12 @@ aim "2. QD1 write µs over nbdkit's, 3 replicas" "$(awk -v a="$th_l" -v b="$nk_l
 awk -v s="$SHARE_L" -v r="$raw_l" -v a="$th_l" -v b="$nk_l" 'BEGIN { printf "   (the disk alone: 3 writes at once take %.1f µs, one takes %.1f, so %.1f of the %.1f are the disk'"'"'s share)\n", s, r, s - r, a - b }'
 aim "3. 3 replicas randwrite / nbdkit" "$(awk -v a="$th_w" -v b="$nk_w" 'BEGIN{print a/b}')" ">=" 0.9
 awk -v a="$th_w" -v r="$raw_w" -v s="$SHARE_W" 'BEGIN { printf "   (3 replicas share this disk: randwrite is %.2f of raw/3, and %.2f of what fio gets from three writers at once, %d IOPS each)\n", a/(r/3), a/s, s }'
+echo
+echo "every round (randread and randwrite in IOPS, QD1 in µs; a drift of the host shows as a spread):"
+for job in "randread 32" "randwrite 32" "randwrite 1" "randread 1"; do
+  line="  $job:"
+  for key in "${KEYS[@]}"; do v=${ROUNDS_SEEN["$job $key"]# }; line+=" $key ${v// //},"; done
+  echo "${line%,}"
+done
 echo
 echo "idle: ${#PIDS[@]} processes (engines, replicas, nbdkit) used ${idle_cpu}% of one CPU together over 5 s"
