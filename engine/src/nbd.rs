@@ -460,11 +460,10 @@ where
                 tracing::warn!(length, "NBD write too large to frame; closing the connection");
                 break;
             }
-            let mut buf = BytesMut::zeroed(length as usize);
-            if reader.read_exact(&mut buf).await.is_err() {
-                break;
+            match read_payload(&mut reader, length as usize).await {
+                Ok(payload) => data = payload,
+                Err(_) => break,
             }
-            data = buf.freeze();
         }
         let permit = limit.clone().acquire_owned().await.expect("semaphore");
         let (volume, session, tx) = (volume.clone(), session.clone(), tx.clone());
@@ -480,6 +479,18 @@ where
     drop(tx);
     let _ = writer_task.await;
     Ok(())
+}
+
+/// Reads a write's `len` bytes of payload straight into a buffer of its
+/// own (not zeroed first: every byte is read over).
+async fn read_payload<R: AsyncRead + Unpin>(reader: &mut R, len: usize) -> std::io::Result<Bytes> {
+    let mut buf = BytesMut::with_capacity(len);
+    while buf.len() < len {
+        if (&mut *reader).take((len - buf.len()) as u64).read_buf(&mut buf).await? == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+    }
+    Ok(buf.freeze())
 }
 
 /// Where an NBD listener binds.
@@ -555,6 +566,29 @@ mod tests {
         let mut out = (n.len() as u32).to_be_bytes().to_vec();
         out.extend_from_slice(n.as_bytes());
         out
+    }
+
+    #[tokio::test]
+    async fn a_payload_is_read_whole_across_short_reads_and_not_past_its_end() {
+        let (mut tx, rx) = tokio::io::duplex(1000);
+        let payload: Vec<u8> = (0..3000u32).map(|i| (i * 7) as u8).collect();
+        let sent = payload.clone();
+        let writer = tokio::spawn(async move {
+            for piece in sent.chunks(700) {
+                tx.write_all(piece).await.unwrap();
+            }
+            tx.write_all(b"next").await.unwrap();
+            tx
+        });
+        let mut rx = tokio::io::BufReader::with_capacity(512, rx);
+        let got = read_payload(&mut rx, payload.len()).await.unwrap();
+        assert_eq!(&got[..], &payload[..]);
+        let mut next = [0u8; 4];
+        rx.read_exact(&mut next).await.unwrap();
+        assert_eq!(&next, b"next", "what follows the payload is left for the next header");
+        drop(writer.await.unwrap());
+        let err = read_payload(&mut rx, 10).await.unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::UnexpectedEof, "a payload cut short is an error");
     }
 
     #[test]

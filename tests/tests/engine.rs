@@ -675,8 +675,9 @@ fn a_corrupt_block_on_one_replica_is_read_from_another_and_repaired() {
     c.engine.as_mut().unwrap().stop(Duration::from_secs(20));
     c.start_engine(2, &[]);
     let corrupt = c.replicas[0].address.clone();
-    // Round-robin reads reach replica 0; every read still returns good data.
-    for _ in 0..4 {
+    // Each replica serves reads in turns of 16: 40 reads reach replica 0;
+    // every read still returns good data.
+    for _ in 0..40 {
         let out = run("qemu-io", &["-f", "raw", &c.uri(), "-c", "read -P 0x6e 2M 64k"]).unwrap();
         assert!(!out.contains("Pattern verification failed") && !out.contains("failed"), "{out}");
     }

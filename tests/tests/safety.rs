@@ -386,7 +386,7 @@ fn flipped_bits_in_one_replica_are_repaired_in_place_by_reads_and_a_scrub() {
     assert!(flipped.iter().any(|(layer, _)| layer == "before"), "some in the snapshot: {flipped:?}");
     assert!(flipped.iter().any(|(layer, _)| layer.is_empty()), "some in the head: {flipped:?}");
 
-    // Every block read three times (reads go round robin): all good.
+    // Every block read three times (the replicas serve reads in turns): all good.
     for _ in 0..3 {
         for block in 0..384 {
             let want = if block >= 128 { 2 } else { 1 };

@@ -42,6 +42,7 @@ mod admin;
 mod bookkeeping;
 mod compare;
 mod join_window;
+mod read_choice;
 mod rebuild;
 mod repair;
 
@@ -107,9 +108,20 @@ pub struct Replica {
     store_id: u64,
     conn: ReplicaConn,
     state: Mutex<(Mode, String)>,
+    /// Reads of this volume out on this replica now.
+    reads_out: AtomicUsize,
 }
 
 impl Replica {
+    fn new(address: &str, store_id: u64, conn: ReplicaConn, mode: Mode, why: String) -> Arc<Replica> {
+        Arc::new(Replica {
+            address: address.to_string(),
+            store_id,
+            conn,
+            state: Mutex::new((mode, why)),
+            reads_out: AtomicUsize::new(0),
+        })
+    }
     pub fn mode(&self) -> Mode {
         self.state.lock().expect("replica state").0
     }
@@ -176,7 +188,10 @@ pub struct Volume {
     /// I/O holds it shared; snapshots and joins hold it exclusively, so
     /// they happen at one point in the write stream.
     pause: tokio::sync::RwLock<()>,
-    read_next: AtomicUsize,
+    /// The store id of the replica asked for the last read, and the reads
+    /// so far (see `read_choice`).
+    last_reader: AtomicU64,
+    reads: AtomicU64,
     timeout: Duration,
     /// This node's directory of replica sockets (see `ironhorn_proto::local`).
     local_sockets: Option<std::path::PathBuf>,
@@ -271,7 +286,8 @@ impl Volume {
             replicas: RwLock::new(Vec::new()),
             dispatch: Mutex::new(()),
             pause: tokio::sync::RwLock::new(()),
-            read_next: AtomicUsize::new(0),
+            last_reader: AtomicU64::new(u64::MAX),
+            reads: AtomicU64::new(0),
             timeout,
             local_sockets,
             dirty: Mutex::new(HashMap::new()),
@@ -301,23 +317,13 @@ impl Volume {
         for address in addresses {
             match volume.prepare_replica(address).await {
                 Ok((conn, info)) if info.size_bytes == size => {
-                    let r = Arc::new(Replica {
-                        address: address.clone(),
-                        store_id: info.store_id,
-                        conn,
-                        state: Mutex::new((Mode::ERR, String::new())),
-                    });
+                    let r = Replica::new(address, info.store_id, conn, Mode::ERR, String::new());
                     joined.push((r, info));
                 }
                 Ok((conn, info)) => {
                     let why = format!("replica holds {} bytes, volume is {size}", info.size_bytes);
                     tracing::warn!(replica = %address, "{why}");
-                    let r = Arc::new(Replica {
-                        address: address.clone(),
-                        store_id: info.store_id,
-                        conn,
-                        state: Mutex::new((Mode::ERR, why)),
-                    });
+                    let r = Replica::new(address, info.store_id, conn, Mode::ERR, why);
                     volume.replicas.write().expect("replicas").push(r);
                     rebuild.push(address.clone());
                 }
@@ -755,11 +761,17 @@ impl Volume {
         if healthy.is_empty() {
             return Err(VolumeError::Io("no healthy replica".into()));
         }
-        let start = self.read_next.fetch_add(1, Ordering::Relaxed);
+        let loads: Vec<usize> = healthy.iter().map(|r| r.reads_out.load(Ordering::Relaxed)).collect();
+        let last = self.last_reader.load(Ordering::Relaxed);
+        let turn_over =
+            self.reads.fetch_add(1, Ordering::Relaxed) % read_choice::READ_TURN == read_choice::READ_TURN - 1;
+        let start = read_choice::first_reader(&loads, healthy.iter().position(|r| r.store_id == last), turn_over);
         let mut last_error = String::new();
         for i in 0..healthy.len() {
             let replica = &healthy[(start + i) % healthy.len()];
+            self.last_reader.store(replica.store_id, Ordering::Relaxed);
             let request = self.client_request(IoOp::Read, offset, length, Bytes::new(), false);
+            let _out = read_choice::ReadOut::new(&replica.reads_out);
             match replica.conn.enqueue(request).wait().await {
                 Ok(data) if data.len() as u64 == length => return Ok(data),
                 Ok(data) => {

@@ -45,12 +45,7 @@ impl Volume {
             .await
             .map_err(|e| replica_error(address, e))?;
         let snapshot = self.rebuild_snapshot_name();
-        let target = Arc::new(Replica {
-            address: address.to_string(),
-            store_id: info.store_id,
-            conn,
-            state: Mutex::new((Mode::WO, String::new())),
-        });
+        let target = Replica::new(address, info.store_id, conn, Mode::WO, String::new());
 
         // Join at one point in the write stream.
         let dirty = {
