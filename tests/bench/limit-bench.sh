@@ -2,7 +2,10 @@
 # Per-volume I/O limits, one run: two engines of one replica each on this
 # disk. The neighbour alone (its baseline); then both at once, the limited
 # one at an IOPS limit; then its limit changed while it runs (the engine's
-# SetLimits); then a bandwidth limit at 64 KiB requests. Prints each
+# SetLimits); then a bandwidth limit at 64 KiB writes (BW_RW=randread for
+# reads: one bucket limits both, and on this host 64 KiB random reads of
+# scattered stores ran at 17–141 MB/s from one minute to the next, so the
+# read variant measured the host's disk more than the limiter). Prints each
 # measured rate against its limit and the neighbour against its baseline
 # (the mean of its rate alone just before and just after), and, for
 # comparison, the neighbour beside the same work paced by fio itself,
@@ -10,13 +13,14 @@
 # rate.
 #
 #   tests/bench/limit-bench.sh     (env: SIZE=512M RUNTIME=10 DIR=/var/tmp
-#                                   IOPS=2000 IOPS2=500 BANDWIDTH=20M)
+#                                   IOPS=2000 IOPS2=500 BANDWIDTH=20M BW_RW=randwrite)
 set -euo pipefail
 SIZE=${SIZE:-512M}
 RUNTIME=${RUNTIME:-10}
 IOPS=${IOPS:-2000}
 IOPS2=${IOPS2:-500}
 BANDWIDTH=${BANDWIDTH:-20M}
+BW_RW=${BW_RW:-randwrite}
 DIR=${DIR:-/var/tmp}/ironhorn-limit-bench-$$
 BENCH=limit-bench TOOLS="fio jq"
 source "$(dirname "$0")/common.sh"
@@ -73,13 +77,13 @@ job alone_self randwrite 4k neighbour; wait $!
 echo "running: the limit changed to $IOPS2 IOPS while it runs..." >&2
 "$BIN/ironhorn-engine" limits --engine "$limited_engine" --iops "$IOPS2" >/dev/null
 job lim2 randread 4k limited; wait $!
-echo "running: a bandwidth limit of $BANDWIDTH/s, 64 KiB reads..." >&2
+echo "running: a bandwidth limit of $BANDWIDTH/s, 64 KiB $BW_RW..." >&2
 "$BIN/ironhorn-engine" limits --engine "$limited_engine" --bandwidth "${BANDWIDTH}iB" >/dev/null
-job alone2 randread 64k neighbour; wait $!
-job bw randread 64k limited; a=$!; job nb2 randread 64k neighbour; b=$!; wait $a $b
-job alone2_after randread 64k neighbour; wait $!
+job alone2 "$BW_RW" 64k neighbour; wait $!
+job bw "$BW_RW" 64k limited; a=$!; job nb2 "$BW_RW" 64k neighbour; b=$!; wait $a $b
+job alone2_after "$BW_RW" 64k neighbour; wait $!
 echo "running: both, the other one unlimited and fio pacing itself to $BANDWIDTH/s..." >&2
-job bw_self randread 64k paced --rate="$(numfmt --from=iec "$BANDWIDTH")"; a=$!; job nb2_self randread 64k neighbour; b=$!; wait $a $b
+job bw_self "$BW_RW" 64k paced --rate="$(numfmt --from=iec "$BANDWIDTH")"; a=$!; job nb2_self "$BW_RW" 64k neighbour; b=$!; wait $a $b
 
 bw_limit=$(numfmt --from=iec "$BANDWIDTH")
 row() { # what measured limit
@@ -99,11 +103,11 @@ self_base=$(( ($(iops alone_after | cut -d. -f1) + $(iops alone_self | cut -d. -
 awk -v m="$(iops nb_self)" -v a="$self_base" -v s="$(iops self)" \
   'BEGIN { printf "| (neighbour beside fio pacing itself to the same rate, no limit: %.0f IOPS) | %.0f | %.0f (alone) | %.3f | |\n", s, m, a, m / a }'
 row "limit changed live, 4 KiB randread, IOPS" "$(iops lim2)" "$IOPS2"
-row "bandwidth limit, 64 KiB randread, bytes/s" "$(bw bw)" "$bw_limit"
+row "bandwidth limit, 64 KiB $BW_RW, bytes/s" "$(bw bw)" "$bw_limit"
 neighbour "neighbour at the same time, bytes/s" "$(bw nb2)" "$(( ($(bw alone2) + $(bw alone2_after)) / 2 ))"
 # The same load without the limiter: what sharing the disk alone costs the
 # neighbour (with 64 KiB reads of stores that 4 KiB random writes have
-# scattered, the disk is the bottleneck here).
+# scattered, BW_RW=randread, the disk is the bottleneck).
 awk -v m="$(bw nb2_self)" -v a="$(( ($(bw alone2) + $(bw alone2_after)) / 2 ))" -v s="$(bw bw_self)" \
   'BEGIN { printf "| (neighbour beside fio pacing itself to the same rate, no limit: %.0f bytes/s) | %.0f | %.0f (alone) | %.3f | |\n", s, m, a, m / a }'
 echo
