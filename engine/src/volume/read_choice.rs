@@ -5,10 +5,12 @@
 //! At queue depth 1 every replica has none out, and taking turns on every
 //! read (as reads did until now) left each replica two reads of quiet
 //! between its own, long enough for its poller to stop and its thread to
-//! sleep, so every read paid a wake-up on the far side (3 replicas, QD1
-//! randread: 176–195 µs a read, 140–156 with turns of 16). The turns still
-//! bring every copy's blocks under reads, so a bad block on any of them is
-//! met and repaired without waiting for a scrub.
+//! sleep, so every read paid a wake-up on the far side. 3 replicas, QD1
+//! randread, ad hoc A/B runs: 183–198 µs a read with a new replica every
+//! read, 140–156 staying with one, 167–238 with turns of 16 (within this
+//! host's noise of staying). The turns bring every copy's blocks under
+//! reads, so a bad block on any of them is met and repaired without
+//! waiting for a scrub.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
