@@ -675,11 +675,15 @@ fn a_corrupt_block_on_one_replica_is_read_from_another_and_repaired() {
     c.engine.as_mut().unwrap().stop(Duration::from_secs(20));
     c.start_engine(2, &[]);
     let corrupt = c.replicas[0].address.clone();
-    // Each replica serves reads in turns of 16: 40 reads reach replica 0;
+    // Each replica serves reads in turns of 256: 600 reads reach replica 0;
     // every read still returns good data.
-    for _ in 0..40 {
-        let out = run("qemu-io", &["-f", "raw", &c.uri(), "-c", "read -P 0x6e 2M 64k"]).unwrap();
-        assert!(!out.contains("Pattern verification failed") && !out.contains("failed"), "{out}");
+    let out = run("qemu-io", &["-f", "raw", &c.uri(), "-c", "read -P 0x6e 2M 64k"]).unwrap();
+    assert!(!out.contains("Pattern verification failed") && !out.contains("failed"), "{out}");
+    let mut client = NbdClient::connect(&c.socket, "vol").unwrap();
+    for read in 0..600 {
+        let (error, data) = client.request(0, 2 << 20, 65536, &[]).unwrap();
+        assert_eq!(error, 0, "read {read}");
+        assert!(data.len() == 65536 && data.iter().all(|&b| b == 0x6e), "read {read} returned other bytes");
     }
     // The bad copy is rewritten in place from the other replica; the
     // replica never leaves RW (nothing is rebuilt).

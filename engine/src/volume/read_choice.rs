@@ -6,16 +6,17 @@
 //! read (as reads did until now) left each replica two reads of quiet
 //! between its own, long enough for its poller to stop and its thread to
 //! sleep, so every read paid a wake-up on the far side. 3 replicas, QD1
-//! randread, ad hoc A/B runs: 183–198 µs a read with a new replica every
-//! read, 140–156 staying with one, 167–238 with turns of 16 (within this
-//! host's noise of staying). The turns bring every copy's blocks under
-//! reads, so a bad block on any of them is met and repaired without
+//! randread, ad hoc A/B runs alternating binaries: 183–198 µs a read with a
+//! new replica every read; staying with one, 141 / 151 / 175 / 205 µs
+//! against 174 / 181 / 251 / 200 with turns of 16 (which moved the work
+//! between processes every 2–3 ms). The turns bring every copy's blocks
+//! under reads, so a bad block on any of them is met and repaired without
 //! waiting for a scrub.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Reads the same replica serves in a row while none is out elsewhere.
-pub(super) const READ_TURN: u64 = 16;
+pub(super) const READ_TURN: u64 = 256;
 
 /// Index into `loads` (each replica's reads out) of the replica to ask
 /// first: of those with the fewest out, the first from the one asked last
