@@ -98,21 +98,21 @@ KEYS=(raw nbdkit one three bd)
 # every target alike), and each figure is the median of its rounds.
 ROUNDS=${ROUNDS:-3}
 median() { tr ' ' '\n' | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+REVERSED=(); for ((i = ${#KEYS[@]} - 1; i >= 0; i--)); do REVERSED+=("${KEYS[$i]}"); done
+# "JOB KEY" -> the figure of every round, space-separated.
 declare -A RR RW LW LR ROUNDS_SEEN
 for job in "randread 32 RR read.iops" "randwrite 32 RW write.iops" \
            "randwrite 1 LW write.clat_ns.mean/1000" "randread 1 LR read.clat_ns.mean/1000"; do
   read -r rw qd into field <<<"$job"
   echo "running: $rw, iodepth $qd, on each target, $ROUNDS rounds..." >&2
-  declare -A SEEN=()
   shares=()
   for round in $(seq 1 "$ROUNDS"); do
     order=("${KEYS[@]}")
-    if [ $((round % 2)) = 0 ]; then order=(); for ((i = ${#KEYS[@]} - 1; i >= 0; i--)); do order+=("${KEYS[$i]}"); done; fi
+    if [ $((round % 2)) = 0 ]; then order=("${REVERSED[@]}"); fi
     for key in "${order[@]}"; do
       # shellcheck disable=SC2086
       v=$(fio_job "$rw" "$qd" ${TARGET[$key]} | jq ".jobs[0].$field")
-      SEEN[$key]="${SEEN[$key]:-} $v"
-      ROUNDS_SEEN["$rw $qd $key"]="${ROUNDS_SEEN["$rw $qd $key"]:-} $(printf '%.0f' "$v")"
+      ROUNDS_SEEN["$rw $qd $key"]="${ROUNDS_SEEN["$rw $qd $key"]:-} $v"
     done
     case "$rw $qd" in
       "randwrite 32") shares+=("$(disk_share 32)") ;;
@@ -120,9 +120,8 @@ for job in "randread 32 RR read.iops" "randwrite 32 RW write.iops" \
     esac
   done
   declare -n into_ref=$into
-  for key in "${KEYS[@]}"; do into_ref[$key]=$(median <<<"${SEEN[$key]# }"); done
+  for key in "${KEYS[@]}"; do into_ref[$key]=$(median <<<"${ROUNDS_SEEN["$rw $qd $key"]# }"); done
   unset -n into_ref
-  unset SEEN
   case "$rw $qd" in
     "randwrite 32") SHARE_W=$(median <<<"${shares[*]}") ;;
     "randwrite 1") SHARE_L=$(median <<<"${shares[*]}") ;;
@@ -178,7 +177,11 @@ echo
 echo "every round (randread and randwrite in IOPS, QD1 in µs; a drift of the host shows as a spread):"
 for job in "randread 32" "randwrite 32" "randwrite 1" "randread 1"; do
   line="  $job:"
-  for key in "${KEYS[@]}"; do v=${ROUNDS_SEEN["$job $key"]# }; line+=" $key ${v// //},"; done
+  for key in "${KEYS[@]}"; do
+    # shellcheck disable=SC2086
+    line+=" $key $(printf '%.0f/' ${ROUNDS_SEEN["$job $key"]})"
+    line="${line%/},"
+  done
   echo "${line%,}"
 done
 echo
